@@ -1,0 +1,45 @@
+"""automap: automatic intra-op parallelism and activation checkpointing for
+PyTorch training. See the README for the one-line API."""
+
+from automap.errors import (
+    AutomapError,
+    InfeasibleBudgetError,
+    InvalidMeshError,
+    InvalidSpecError,
+    SolverTimeLimitError,
+    StalePlanError,
+    TraceError,
+    UnsupportedOpError,
+)
+from automap.layout import (
+    LayoutPath,
+    LayoutStep,
+    clear_layout_cache,
+    layout_cache_stats,
+    layout_path,
+    resharding_cost_matrix,
+)
+from automap.mesh import DeviceMesh
+from automap.spec import ShardingSpec, enumerate_specs
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AutomapError",
+    "DeviceMesh",
+    "InfeasibleBudgetError",
+    "InvalidMeshError",
+    "InvalidSpecError",
+    "LayoutPath",
+    "LayoutStep",
+    "ShardingSpec",
+    "SolverTimeLimitError",
+    "StalePlanError",
+    "TraceError",
+    "UnsupportedOpError",
+    "clear_layout_cache",
+    "enumerate_specs",
+    "layout_cache_stats",
+    "layout_path",
+    "resharding_cost_matrix",
+]
