@@ -1,0 +1,74 @@
+"""Run a function on N local processes joined in a gloo process group on
+127.0.0.1 (tests, the demo, benchmarks). Multi-node jobs use torchrun."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world_size, port, timeout_s, fn, args, result_dir):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    try:
+        result = fn(rank, world_size, *args)
+        torch.save(result, os.path.join(result_dir, f"{rank}.pt"))
+    except BaseException:
+        with open(os.path.join(result_dir, f"{rank}.err"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_on_gloo(fn, world_size: int, *args, timeout_s: float = 300.0) -> list:
+    """Call ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes
+    in one gloo group; return their results by rank, or raise the first
+    error with the failing rank's traceback. ``fn`` must be importable
+    (module level) and its results picklable by torch.save."""
+    import torch
+
+    with tempfile.TemporaryDirectory() as result_dir:
+        ctx = mp.start_processes(
+            _worker,
+            args=(world_size, free_port(), timeout_s, fn, args, result_dir),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = time.monotonic() + timeout_s + 30.0
+        try:
+            while not ctx.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    for p in ctx.processes:
+                        p.kill()
+                    raise TimeoutError(f"{world_size} gloo processes did not finish in "
+                                       f"{timeout_s:.0f} s")
+        except mp.ProcessException as e:
+            errors = sorted(f for f in os.listdir(result_dir) if f.endswith(".err"))
+            detail = open(os.path.join(result_dir, errors[0])).read() if errors else str(e)
+            raise RuntimeError(f"rank process failed:\n{detail}") from None
+        return [torch.load(os.path.join(result_dir, f"{r}.pt"), weights_only=False)
+                for r in range(world_size)]

@@ -1,0 +1,68 @@
+"""Device mesh: rank/coordinate mapping, axis groups, ring cost formulas, errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from automap import DeviceMesh, InvalidMeshError
+
+
+def test_rank_coordinate_mapping_any_order_any_size():
+    mesh = DeviceMesh((3, 2), ranks=[4, 2, 0, 5, 3, 1], axis_names=("dp", "tp"))
+    assert mesh.coordinate(4) == (0, 0)
+    assert mesh.coordinate(1) == (2, 1)
+    for r in mesh.ranks:
+        assert mesh.rank_at(mesh.coordinate(r)) == r
+    assert mesh.axis_groups("tp") == [[4, 2], [0, 5], [3, 1]]
+    assert mesh.axis_groups("dp") == [[4, 0, 3], [2, 5, 1]]
+    assert mesh.axis_groups(["dp", "tp"]) == [[4, 2, 0, 5, 3, 1]]
+    assert mesh.axis_groups(["tp", "dp"]) == [[4, 0, 3, 2, 5, 1]]
+
+
+def test_ring_formulas_per_axis_and_group():
+    mesh = DeviceMesh((4, 2), alpha_s=[1e-6, 1e-5], bandwidth_bytes_per_s=[1e11, 1e10])
+    b = 1e8
+    assert mesh.all_reduce_cost_s(b, 0) == pytest.approx(2 * 3 / 4 * b / 1e11 + 1e-6)
+    assert mesh.all_gather_cost_s(b, 1) == pytest.approx(1 / 2 * b / 1e10 + 1e-5)
+    assert mesh.reduce_scatter_cost_s(b, 0) == pytest.approx(3 / 4 * b / 1e11 + 1e-6)
+    assert mesh.all_to_all_cost_s(b, 1) == pytest.approx(1 / 2 * b / 1e10 + 1e-5)
+    assert mesh.broadcast_cost_s(b, 0) == pytest.approx(b / 1e11 + 1e-6)
+    # A group of axes runs one ring at its slowest link and largest latency.
+    assert mesh.all_reduce_cost_s(b, (0, 1)) == pytest.approx(2 * 7 / 8 * b / 1e10 + 1e-5)
+    assert DeviceMesh((1, 4)).all_reduce_cost_s(b, 0) == 0.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(shape=(2, 2), ranks=[0, 1, 2]), "holds 4 devices but 3 ranks"),
+        (dict(shape=(2, 2), ranks=[0, 1, 1, 2]), "appears twice"),
+        (dict(shape=(2, 0)), "size 0"),
+        (dict(shape=()), "at least one axis"),
+        (dict(shape=(2,), alpha_s=[1e-6, 1e-6]), "alpha_s has 2 entries"),
+        (dict(shape=(2,), bandwidth_bytes_per_s=0), "must be finite and > 0"),
+        (dict(shape=(2, 2), axis_names=("a", "a")), "name each"),
+    ],
+)
+def test_bad_meshes_raise_typed_errors(kwargs, match):
+    with pytest.raises(InvalidMeshError, match=match):
+        DeviceMesh(**kwargs)
+
+
+def test_bad_queries_raise_typed_errors():
+    mesh = DeviceMesh((2, 2))
+    with pytest.raises(InvalidMeshError, match="not in the mesh"):
+        mesh.coordinate(9)
+    with pytest.raises(InvalidMeshError, match="out of range"):
+        mesh.all_reduce_cost_s(1.0, 2)
+    with pytest.raises(InvalidMeshError, match="named twice"):
+        mesh.axis_groups([0, 0])
+    with pytest.raises(ValueError, match="unknown collective"):
+        mesh.collective_cost_s("gather_all", 1.0)
+
+
+def test_round_trip_and_equality():
+    mesh = DeviceMesh((2, 3), ranks=[5, 4, 3, 2, 1, 0], alpha_s=2e-6)
+    again = DeviceMesh.from_dict(mesh.to_dict())
+    assert again == mesh and hash(again) == hash(mesh)
+    assert "ranks=[5, 4, 3, 2, 1, 0]" in repr(mesh)
