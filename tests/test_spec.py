@@ -6,12 +6,11 @@ from __future__ import annotations
 import math
 import pickle
 
+import automap
 import pytest
+from automap import DeviceMesh, InvalidSpecError, ShardingSpec
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import automap
-from automap import DeviceMesh, InvalidSpecError, ShardingSpec
 
 
 @st.composite

@@ -1,0 +1,31 @@
+"""The `automap` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="automap", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run the parallel demo on 4 local gloo ranks")
+    demo.set_defaults(run=lambda args: _demo())
+    try:
+        from automap import estimate_cli
+    except ImportError:
+        estimate_cli = None
+    if estimate_cli is not None:
+        estimate_cli.register(sub)
+    args = parser.parse_args(argv)
+    return int(args.run(args) or 0)
+
+
+def _demo() -> int:
+    from automap.demo import run_demo
+
+    return run_demo()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
