@@ -27,7 +27,7 @@ fn fill_dim(
     fill_dim(dim + 1, used, shape, mesh_shape, dims, out);
     let parts: usize = dims[dim].iter().map(|&a| mesh_shape[a]).product();
     for (axis, &n) in mesh_shape.iter().enumerate() {
-        if used & (1 << axis) == 0 && shape[dim] % (parts * n) == 0 {
+        if used & (1 << axis) == 0 && shape[dim].is_multiple_of(parts * n) {
             dims[dim].push(axis);
             fill_dim(dim, used | (1 << axis), shape, mesh_shape, dims, out);
             dims[dim].pop();

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use rustc_hash::FxHashMap;
 
 use super::moves::{LayoutPath, LayoutProblem};
-use super::search::optimal_path;
+use super::search::{optimal_path, optimal_paths_from};
 use crate::error::Result;
 use crate::mesh::DeviceMesh;
 use crate::spec::ShardingSpec;
@@ -75,19 +75,61 @@ impl LayoutContext {
     }
 
     /// Costs of converting every spec of `srcs` into every spec of `dsts`.
+    /// Cached pairs are read under one lock; each row with misses is one
+    /// single-source search over all its missing targets.
     pub fn cost_matrix(&self, srcs: &[ShardingSpec], dsts: &[ShardingSpec]) -> Result<CostMatrix> {
-        let mut m = CostMatrix {
-            rows: srcs.len(),
-            cols: dsts.len(),
-            forward_s: Vec::with_capacity(srcs.len() * dsts.len()),
-            backward_s: Vec::with_capacity(srcs.len() * dsts.len()),
+        let (rows, cols) = (srcs.len(), dsts.len());
+        let mut found: Vec<Option<Arc<LayoutPath>>> = {
+            let cache = self.paths.lock().unwrap();
+            srcs.iter()
+                .flat_map(|s| dsts.iter().map(move |d| (s, d)))
+                .map(|(s, d)| cache.get(&(s.key(), d.key())).cloned())
+                .collect()
         };
-        for s in srcs {
-            for d in dsts {
-                let p = self.path(s, d)?;
-                m.forward_s.push(p.forward_cost_s);
-                m.backward_s.push(p.backward_cost_s);
+        let hits = found.iter().filter(|p| p.is_some()).count() as u64;
+        HITS.fetch_add(hits, Ordering::Relaxed);
+        for (i, src) in srcs.iter().enumerate() {
+            let row = &mut found[i * cols..(i + 1) * cols];
+            let mut missing: Vec<ShardingSpec> = dsts
+                .iter()
+                .zip(row.iter())
+                .filter(|(_, p)| p.is_none())
+                .map(|(d, _)| *d)
+                .collect();
+            if missing.is_empty() {
+                continue;
             }
+            missing.sort_unstable_by_key(|d| d.key());
+            missing.dedup();
+            self.problem.validate(src)?;
+            for d in &missing {
+                self.problem.validate(d)?;
+            }
+            MISSES.fetch_add(missing.len() as u64, Ordering::Relaxed);
+            let paths = optimal_paths_from(&self.problem, *src, &missing);
+            let mut cache = self.paths.lock().unwrap();
+            for path in paths {
+                let path = cache
+                    .entry((src.key(), path.dst.key()))
+                    .or_insert_with(|| Arc::new(path))
+                    .clone();
+                for (d, slot) in dsts.iter().zip(row.iter_mut()) {
+                    if slot.is_none() && *d == path.dst {
+                        *slot = Some(path.clone());
+                    }
+                }
+            }
+        }
+        let mut m = CostMatrix {
+            rows,
+            cols,
+            forward_s: Vec::with_capacity(rows * cols),
+            backward_s: Vec::with_capacity(rows * cols),
+        };
+        for p in found {
+            let p = p.expect("every pair is found or searched");
+            m.forward_s.push(p.forward_cost_s);
+            m.backward_s.push(p.backward_cost_s);
         }
         Ok(m)
     }

@@ -47,6 +47,7 @@ impl PartialOrd for Frontier {
 
 struct Visit {
     cost: Cost,
+    spec: ShardingSpec,
     /// The step that reached this spec (None at the source).
     via: Option<LayoutStep>,
     closed: bool,
@@ -57,8 +58,37 @@ pub fn optimal_path(problem: &LayoutProblem, src: ShardingSpec, dst: ShardingSpe
     if src == dst {
         return LayoutPath::from_steps(src, dst, Vec::new());
     }
+    let visits = best_first(problem, src, &[dst], |spec| {
+        problem.lower_bound_s(spec, &dst)
+    });
+    rebuild(&visits, src, dst)
+}
+
+/// The cheapest paths from `src` to each of `targets`: one Dijkstra that stops
+/// once every target is settled (for cost matrices: one search per row).
+pub fn optimal_paths_from(
+    problem: &LayoutProblem,
+    src: ShardingSpec,
+    targets: &[ShardingSpec],
+) -> Vec<LayoutPath> {
+    let visits = best_first(problem, src, targets, |_| 0.0);
+    targets
+        .iter()
+        .map(|&dst| rebuild(&visits, src, dst))
+        .collect()
+}
+
+/// Best-first search from `src` until every target is closed; `bound` is a
+/// consistent lower bound on the remaining cost (zero for plain Dijkstra).
+fn best_first(
+    problem: &LayoutProblem,
+    src: ShardingSpec,
+    targets: &[ShardingSpec],
+    bound: impl Fn(&ShardingSpec) -> f64,
+) -> FxHashMap<u64, Visit> {
     let mut visits: FxHashMap<u64, Visit> = FxHashMap::default();
-    let mut heap = BinaryHeap::new();
+    visits.reserve(64);
+    let mut heap = BinaryHeap::with_capacity(64);
     let mut moves = Vec::with_capacity(32);
     let start = Cost {
         seconds: 0.0,
@@ -68,6 +98,7 @@ pub fn optimal_path(problem: &LayoutProblem, src: ShardingSpec, dst: ShardingSpe
         src.key(),
         Visit {
             cost: start,
+            spec: src,
             via: None,
             closed: false,
         },
@@ -76,8 +107,7 @@ pub fn optimal_path(problem: &LayoutProblem, src: ShardingSpec, dst: ShardingSpe
         priority: start,
         key: src.key(),
     });
-    let mut specs: FxHashMap<u64, ShardingSpec> = FxHashMap::default();
-    specs.insert(src.key(), src);
+    let mut open_targets = targets.len();
 
     while let Some(Frontier { key, .. }) = heap.pop() {
         let visit = visits.get_mut(&key).expect("frontier entries are visited");
@@ -85,11 +115,13 @@ pub fn optimal_path(problem: &LayoutProblem, src: ShardingSpec, dst: ShardingSpe
             continue;
         }
         visit.closed = true;
-        let here = visit.cost;
-        if key == dst.key() {
-            return rebuild(&visits, src, dst);
+        let (here, spec) = (visit.cost, visit.spec);
+        if targets.iter().any(|t| t.key() == key) {
+            open_targets -= 1;
+            if open_targets == 0 {
+                return visits;
+            }
         }
-        let spec = specs[&key];
         moves.clear();
         problem.moves(&spec, &mut moves);
         for step in moves.drain(..) {
@@ -103,27 +135,31 @@ pub fn optimal_path(problem: &LayoutProblem, src: ShardingSpec, dst: ShardingSpe
                 Some(v) => !v.closed && cost.cmp_total(&v.cost) == Ordering::Less,
             };
             if better {
-                let bound = problem.lower_bound_s(&step.after, &dst);
-                specs.insert(next, step.after);
+                let priority = Cost {
+                    seconds: cost.seconds + bound(&step.after),
+                    steps: cost.steps,
+                };
                 visits.insert(
                     next,
                     Visit {
                         cost,
+                        spec: step.after,
                         via: Some(step),
                         closed: false,
                     },
                 );
                 heap.push(Frontier {
-                    priority: Cost {
-                        seconds: cost.seconds + bound,
-                        steps: cost.steps,
-                    },
+                    priority,
                     key: next,
                 });
             }
         }
     }
-    unreachable!("every valid spec reaches every other valid spec of the same tensor and mesh")
+    assert_eq!(
+        open_targets, 0,
+        "every valid spec reaches every other valid spec of a tensor"
+    );
+    visits
 }
 
 fn rebuild(visits: &FxHashMap<u64, Visit>, src: ShardingSpec, dst: ShardingSpec) -> LayoutPath {
@@ -206,6 +242,23 @@ pub(crate) mod tests {
                     }
                     assert_eq!(at, dst);
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn one_source_many_targets_agrees_with_single_searches() {
+        let p = problem(&[2, 2, 2], &[8, 4, 2]);
+        let specs = all_specs(&p);
+        for &src in specs.iter().step_by(7) {
+            let many = optimal_paths_from(&p, src, &specs);
+            for (path, &dst) in many.iter().zip(&specs) {
+                let single = optimal_path(&p, src, dst);
+                assert_eq!(path.dst, dst);
+                assert!(
+                    (path.cost_s() - single.cost_s()).abs() <= 1e-12 * single.cost_s().max(1e-9)
+                );
+                assert_eq!(path.steps.len(), single.steps.len());
             }
         }
     }
