@@ -110,3 +110,14 @@ def test_enumerate_specs_counts():
     assert len(automap.enumerate_specs([8, 8, 8, 8], DeviceMesh((2, 2, 2)))) == 193
     specs = automap.enumerate_specs([6, 4], DeviceMesh((3, 2)))
     assert {str(s) for s in specs} == {"RR", "S0R", "S1R", "S01R", "S10R", "RS1", "S0S1"}
+
+
+def test_dtensor_placements():
+    from torch.distributed.tensor import Replicate, Shard
+
+    from automap.spec import to_dtensor_placements
+
+    assert to_dtensor_placements(ShardingSpec.parse("S01R"), 3) == [Shard(0), Shard(0), Replicate()]
+    assert to_dtensor_placements(ShardingSpec.parse("RS1"), 2) == [Replicate(), Shard(1)]
+    with pytest.raises(InvalidSpecError, match="increasing mesh axes"):
+        to_dtensor_placements(ShardingSpec.parse("S10"), 2)

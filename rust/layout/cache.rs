@@ -79,57 +79,63 @@ impl LayoutContext {
     /// single-source search over all its missing targets.
     pub fn cost_matrix(&self, srcs: &[ShardingSpec], dsts: &[ShardingSpec]) -> Result<CostMatrix> {
         let (rows, cols) = (srcs.len(), dsts.len());
-        let mut found: Vec<Option<Arc<LayoutPath>>> = {
-            let cache = self.paths.lock().unwrap();
-            srcs.iter()
-                .flat_map(|s| dsts.iter().map(move |d| (s, d)))
-                .map(|(s, d)| cache.get(&(s.key(), d.key())).cloned())
-                .collect()
+        let mut m = CostMatrix {
+            rows,
+            cols,
+            forward_s: vec![f64::NAN; rows * cols],
+            backward_s: vec![f64::NAN; rows * cols],
         };
-        let hits = found.iter().filter(|p| p.is_some()).count() as u64;
-        HITS.fetch_add(hits, Ordering::Relaxed);
-        for (i, src) in srcs.iter().enumerate() {
-            let row = &mut found[i * cols..(i + 1) * cols];
+        let mut missing_rows = Vec::new();
+        {
+            let cache = self.paths.lock().unwrap();
+            let mut hits = 0;
+            for (i, s) in srcs.iter().enumerate() {
+                let mut row_misses = false;
+                for (j, d) in dsts.iter().enumerate() {
+                    if let Some(p) = cache.get(&(s.key(), d.key())) {
+                        m.forward_s[i * cols + j] = p.forward_cost_s;
+                        m.backward_s[i * cols + j] = p.backward_cost_s;
+                        hits += 1;
+                    } else {
+                        row_misses = true;
+                    }
+                }
+                if row_misses {
+                    missing_rows.push(i);
+                }
+            }
+            HITS.fetch_add(hits, Ordering::Relaxed);
+        }
+        for i in missing_rows {
+            let src = srcs[i];
+            let row = i * cols..(i + 1) * cols;
             let mut missing: Vec<ShardingSpec> = dsts
                 .iter()
-                .zip(row.iter())
-                .filter(|(_, p)| p.is_none())
+                .zip(&m.forward_s[row.clone()])
+                .filter(|(_, f)| f.is_nan())
                 .map(|(d, _)| *d)
                 .collect();
-            if missing.is_empty() {
-                continue;
-            }
             missing.sort_unstable_by_key(|d| d.key());
             missing.dedup();
-            self.problem.validate(src)?;
+            self.problem.validate(&src)?;
             for d in &missing {
                 self.problem.validate(d)?;
             }
             MISSES.fetch_add(missing.len() as u64, Ordering::Relaxed);
-            let paths = optimal_paths_from(&self.problem, *src, &missing);
+            let paths = optimal_paths_from(&self.problem, src, &missing);
             let mut cache = self.paths.lock().unwrap();
             for path in paths {
-                let path = cache
-                    .entry((src.key(), path.dst.key()))
-                    .or_insert_with(|| Arc::new(path))
-                    .clone();
-                for (d, slot) in dsts.iter().zip(row.iter_mut()) {
-                    if slot.is_none() && *d == path.dst {
-                        *slot = Some(path.clone());
+                let (dst, fwd, bwd) = (path.dst, path.forward_cost_s, path.backward_cost_s);
+                cache
+                    .entry((src.key(), dst.key()))
+                    .or_insert_with(|| Arc::new(path));
+                for (j, d) in dsts.iter().enumerate() {
+                    if *d == dst {
+                        m.forward_s[i * cols + j] = fwd;
+                        m.backward_s[i * cols + j] = bwd;
                     }
                 }
             }
-        }
-        let mut m = CostMatrix {
-            rows,
-            cols,
-            forward_s: Vec::with_capacity(rows * cols),
-            backward_s: Vec::with_capacity(rows * cols),
-        };
-        for p in found {
-            let p = p.expect("every pair is found or searched");
-            m.forward_s.push(p.forward_cost_s);
-            m.backward_s.push(p.backward_cost_s);
         }
         Ok(m)
     }
