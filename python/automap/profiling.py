@@ -274,7 +274,7 @@ def profile_traced(
             _create_optimizer_state(opt, state.trainable())
         rec = _Recorder(traced)
         rec.track_persistent(state, opt)
-        with FlopCounterMode(display=False) as flops, _TrackStorage(rec):
+        with FlopCounterMode(display=False) as flops, _TrackStorage(rec, device):
             rec.flop_counter = flops
             runner = _Runner(traced, rec)
             outputs = runner.run(*state.placeholder_values)
@@ -365,18 +365,85 @@ def _create_optimizer_state(opt: torch.optim.Optimizer, params: list[torch.Tenso
     opt.zero_grad(set_to_none=True)
 
 
-class _TrackStorage(TorchDispatchMode):
-    """Reports the storage of every tensor an aten op returns to the recorder."""
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
-    def __init__(self, rec: _Recorder) -> None:
+
+def _conv_forward_workspace(args: tuple, out: torch.Tensor) -> int:
+    # oneDNN reorders input and weight into its blocked layout and computes the output
+    # there before copying it out: input + weight, or the blocked output, on top.
+    return max(_nbytes(args[0]) + _nbytes(args[1]), _nbytes(out))
+
+
+def _conv_backward_workspace(args: tuple, out: Any) -> int:
+    # Blocked copies of grad_output and input for the weight gradient; a strided
+    # convolution also holds two input-sized buffers for the input gradient.
+    copies = _nbytes(args[0]) + _nbytes(args[1])
+    strided = any(s != 1 for s in args[4])
+    return max(copies, 2 * _nbytes(args[1])) if strided else copies
+
+
+def _batch_norm_backward_workspace(args: tuple, out: Any) -> int:
+    # The CPU kernel computes the input gradient through one input-sized buffer.
+    return _nbytes(args[1])
+
+
+def _blas_ready(t: torch.Tensor) -> bool:
+    """Whether BLAS can read the matrices of ``t`` in place (row- or column-major)."""
+    rows, cols = t.shape[-2], t.shape[-1]
+    rs, cs = t.stride()[-2], t.stride()[-1]
+    row_major = (cs == 1 or cols == 1) and rs >= max(1, cols)
+    col_major = (rs == 1 or rows == 1) and cs >= max(1, rows)
+    return row_major or col_major
+
+
+def _matmul_copies(*operands: int) -> Callable[[tuple, Any], int]:
+    def workspace(args: tuple, out: Any) -> int:
+        # mm/bmm kernels copy an operand BLAS cannot read in place (e.g. the
+        # expanded gradient of a sum) into a dense buffer first.
+        return sum(_nbytes(args[i]) for i in operands if not _blas_ready(args[i]))
+
+    return workspace
+
+
+_aten = torch.ops.aten
+
+#: Scratch memory that kernels allocate inside an op, invisible to FakeTensors (which
+#: only see an op's outputs): the transient on top of the outputs, per op. The matmul
+#: rule holds on every device. The CPU rules are derived from the allocations of
+#: PyTorch's oneDNN convolution and native batch norm (PyTorch profiler memory events);
+#: cuDNN's algorithm-dependent workspaces are not modelled.
+WORKSPACE: dict[Any, Callable[[tuple, Any], int]] = {
+    _aten.mm.default: _matmul_copies(0, 1),
+    _aten.addmm.default: _matmul_copies(1, 2),
+    _aten.bmm.default: _matmul_copies(0, 1),
+    _aten.baddbmm.default: _matmul_copies(1, 2),
+}
+CPU_WORKSPACE: dict[Any, Callable[[tuple, Any], int]] = {
+    **WORKSPACE,
+    _aten.convolution.default: _conv_forward_workspace,
+    _aten.convolution_backward.default: _conv_backward_workspace,
+    _aten.native_batch_norm_backward.default: _batch_norm_backward_workspace,
+}
+
+
+class _TrackStorage(TorchDispatchMode):
+    """Reports the storage of every tensor an aten op returns to the recorder, and the
+    scratch memory the op's kernel needs on top of it."""
+
+    def __init__(self, rec: _Recorder, device: torch.device) -> None:
         super().__init__()
         self.rec = rec
+        self.workspace = CPU_WORKSPACE if device.type == "cpu" else WORKSPACE
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for leaf in pytree.tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 self.rec.track(leaf)
+        workspace = self.workspace.get(func)
+        if workspace is not None:
+            self.rec.transient(workspace(args, out))
         return out
 
 
@@ -434,17 +501,21 @@ class _Recorder:
         self._refs[key] = weakref.ref(storage, lambda _, key=key: self._free(key))
         self.live_bytes += record.nbytes
         self.window.append((key, record))
-        if self.live_bytes > self.window_peak:
-            self.window_peak = self.live_bytes
-        if self.live_bytes > self.phase_peak[self.phase]:
-            self.phase_peak[self.phase] = self.live_bytes
-        if self.live_bytes > self.peak_bytes:
-            self.peak_bytes, self.peak_at, self.peak_clock = (
-                self.live_bytes,
-                (self.phase, self.node),
-                self.clock,
-            )
+        self._observe(self.live_bytes)
         return record
+
+    def transient(self, nbytes: int) -> None:
+        """Scratch memory allocated and freed inside the op that just ran."""
+        self._observe(self.live_bytes + nbytes)
+
+    def _observe(self, live_bytes: int) -> None:
+        if live_bytes > self.window_peak:
+            self.window_peak = live_bytes
+        if live_bytes > self.phase_peak[self.phase]:
+            self.phase_peak[self.phase] = live_bytes
+        if live_bytes > self.peak_bytes:
+            self.peak_bytes, self.peak_at = live_bytes, (self.phase, self.node)
+            self.peak_clock = self.clock
 
     def _free(self, key: int) -> None:
         record = self.storages.pop(key, None)
