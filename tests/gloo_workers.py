@@ -49,10 +49,21 @@ def _check_mesh(rank, mesh, groups, shapes, failures) -> int:
     return pairs
 
 
+def _check_collective(failures, label, fn, x, want_y, upstream, want_grad) -> None:
+    x = x.clone().requires_grad_(True)
+    y = fn(x)
+    y.backward(upstream)
+    if not torch.allclose(y.detach(), want_y, atol=1e-5):
+        failures.append(f"{label}: forward")
+    if not torch.allclose(x.grad, want_grad, atol=1e-5):
+        failures.append(f"{label}: backward")
+
+
 def check_collectives(rank: int, world: int, mesh_dict: dict) -> list[str]:
     """Each autograd collective against its definition on full tensors, on
     every single axis and every ordered pair of axes of the mesh."""
     import itertools
+    from functools import partial
 
     from automap.collectives import (
         all_gather_dim,
@@ -65,50 +76,41 @@ def check_collectives(rank: int, world: int, mesh_dict: dict) -> list[str]:
 
     mesh = DeviceMesh.from_dict(mesh_dict)
     groups = mesh.process_groups()
-    failures = []
+    failures: list[str] = []
     axis_sets = [(a,) for a in range(mesh.ndim)] + list(itertools.permutations(range(mesh.ndim), 2))
     for axes in axis_sets:
         g = groups.axis_group(axes)
         members = next(m for m in mesh.axis_groups(list(axes)) if rank in m)
-        n = len(members)
+        n, me, blk = len(members), g.index, 4
         gen = torch.Generator().manual_seed(7)
         # Per-member contributions and upstream gradients, known to every rank.
-        parts = torch.randn((n, 4 * n, 3), generator=gen)
-        grads = torch.randn((n, 4 * n, 3), generator=gen)
-        me = g.index
-
-        def check(name, fn, x, want_y, upstream, want_grad):
-            x = x.clone().requires_grad_(True)
-            y = fn(x)
-            y.backward(upstream)
-            if not torch.allclose(y.detach(), want_y, atol=1e-5):
-                failures.append(f"{name} axes {axes} rank {rank}: forward")
-            if not torch.allclose(x.grad, want_grad, atol=1e-5):
-                failures.append(f"{name} axes {axes} rank {rank}: backward")
-
-        total = parts.sum(0)
-        # all-reduce of partial sums; backward identity.
-        check("all_reduce_sum", lambda x: all_reduce_sum(x, g), parts[me], total, grads[0],
-              grads[0])
-        # identity whose backward sums the (partial) gradients.
-        check("identity_all_reduce_grad", lambda x: identity_all_reduce_grad(x, g), parts[0],
-              parts[0], grads[me], grads.sum(0))
-        # reduce-scatter along dim 0: keep own block of the sum; backward all-gather.
-        blk = 4
-        check("reduce_scatter_dim", lambda x: reduce_scatter_dim(x, 0, g), parts[me],
-              total[me * blk:(me + 1) * blk], grads[0][me * blk:(me + 1) * blk], grads[0])
-        # all-gather along dim 1 of distinct per-member blocks; backward keeps own block.
-        cols = torch.cat(list(parts), dim=1)
-        cols_grad = torch.cat(list(grads), dim=1)
-        check("all_gather_dim", lambda x: all_gather_dim(x, 1, g), parts[me], cols, cols_grad,
-              grads[me])
-        full = parts[0]
-        check("split_dim", lambda x: split_dim(x, 0, g), full, full[me * blk:(me + 1) * blk],
-              grads[0][me * blk:(me + 1) * blk], grads[0])
-        # all-to-all: dim 0 gathered, dim 1 split.
-        wide = torch.randn((4 * n, 3 * n), generator=gen)
-        wide_grad = torch.randn((4 * n, 3 * n), generator=gen)
-        check("all_to_all_dims", lambda x: all_to_all_dims(x, 0, 1, g),
-              wide[me * blk:(me + 1) * blk], wide[:, me * 3:(me + 1) * 3],
-              wide_grad[:, me * 3:(me + 1) * 3], wide_grad[me * blk:(me + 1) * blk])
+        parts = torch.randn((n, blk * n, 3), generator=gen)
+        grads = torch.randn((n, blk * n, 3), generator=gen)
+        total, mine = parts.sum(0), slice(me * blk, (me + 1) * blk)
+        cols, cols_grad = torch.cat(list(parts), dim=1), torch.cat(list(grads), dim=1)
+        wide = torch.randn((blk * n, 3 * n), generator=gen)
+        wide_grad = torch.randn((blk * n, 3 * n), generator=gen)
+        my_cols = slice(me * 3, (me + 1) * 3)
+        cases = [
+            # all-reduce of partial sums; backward identity.
+            ("all_reduce_sum", partial(all_reduce_sum, group=g), parts[me], total, grads[0],
+             grads[0]),
+            # identity whose backward sums the (partial) gradients.
+            ("identity_all_reduce_grad", partial(identity_all_reduce_grad, group=g), parts[0],
+             parts[0], grads[me], grads.sum(0)),
+            # reduce-scatter along dim 0: own block of the sum; backward all-gather.
+            ("reduce_scatter_dim", partial(reduce_scatter_dim, dim=0, group=g), parts[me],
+             total[mine], grads[0][mine], grads[0]),
+            # all-gather of distinct per-member blocks along dim 1; backward keeps own block.
+            ("all_gather_dim", partial(all_gather_dim, dim=1, group=g), parts[me], cols,
+             cols_grad, grads[me]),
+            ("split_dim", partial(split_dim, dim=0, group=g), parts[0], parts[0][mine],
+             grads[0][mine], grads[0]),
+            # all-to-all: dim 0 gathered, dim 1 split.
+            ("all_to_all_dims", partial(all_to_all_dims, src_dim=0, dst_dim=1, group=g),
+             wide[mine], wide[:, my_cols], wide_grad[:, my_cols], wide_grad[mine]),
+        ]
+        for name, fn, x, want_y, upstream, want_grad in cases:
+            _check_collective(failures, f"{name} axes {axes} rank {rank}", fn, x, want_y,
+                              upstream, want_grad)
     return failures

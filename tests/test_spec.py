@@ -113,9 +113,8 @@ def test_enumerate_specs_counts():
 
 
 def test_dtensor_placements():
-    from torch.distributed.tensor import Replicate, Shard
-
     from automap.spec import to_dtensor_placements
+    from torch.distributed.tensor import Replicate, Shard
 
     assert to_dtensor_placements(ShardingSpec.parse("S01R"), 3) == [Shard(0), Shard(0), Replicate()]
     assert to_dtensor_placements(ShardingSpec.parse("RS1"), 2) == [Replicate(), Shard(1)]
