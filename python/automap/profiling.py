@@ -276,7 +276,7 @@ def profile_traced(
         rec.track_persistent(state, opt)
         with FlopCounterMode(display=False) as flops, _TrackStorage(rec, device):
             rec.flop_counter = flops
-            runner = _Runner(traced, rec)
+            runner = _Runner(traced, rec, device)
             outputs = runner.run(*state.placeholder_values)
             loss = outputs[0]
             rec.boundary(BACKWARD, "")
@@ -470,6 +470,7 @@ class _Recorder:
         self.peak_bytes = 0
         self.peak_at = (FORWARD, "")
         self.peak_clock = 0
+        self.peak_scratch = 0  # kernel scratch memory (WORKSPACE) at the peak
         self.phase_peak = {FORWARD: 0, BACKWARD: 0, OPTIMIZER: 0}
         self.phase, self.node = FORWARD, ""
         self.window_peak = 0  # peak since the current node (or grad_fn) began
@@ -516,6 +517,7 @@ class _Recorder:
         if live_bytes > self.peak_bytes:
             self.peak_bytes, self.peak_at = live_bytes, (self.phase, self.node)
             self.peak_clock = self.clock
+            self.peak_scratch = live_bytes - self.live_bytes
 
     def _free(self, key: int) -> None:
         record = self.storages.pop(key, None)
@@ -631,8 +633,9 @@ class _Recorder:
         grads = {id(r) for r in self.grad_records}
         breakdown = dict.fromkeys(
             ("parameters", "buffers", "inputs", "optimizer_state", "gradients",
-             "activations", "backward", "optimizer_step"), 0,
+             "activations", "backward", "optimizer_step", "workspace"), 0,
         )  # fmt: skip
+        breakdown["workspace"] = self.peak_scratch
         kind_names = {FORWARD: "activations", BACKWARD: "backward", OPTIMIZER: "optimizer_step"}
         for r in self.all:
             if r.born <= self.peak_clock and (r.died is None or r.died > self.peak_clock):
@@ -679,8 +682,8 @@ class _Runner(fx.Interpreter):
     """Runs the exported graph node by node, telling the recorder where it is. Values
     are dropped after their last use, as eager Python drops its temporaries."""
 
-    def __init__(self, traced: TracedGraph, rec: _Recorder) -> None:
-        super().__init__(traced.graph_module, garbage_collect_values=True)
+    def __init__(self, traced: TracedGraph, rec: _Recorder, device: torch.device) -> None:
+        super().__init__(traced.graph_module_on(device), garbage_collect_values=True)
         self.rec = rec
 
     def run_node(self, n: fx.Node) -> Any:

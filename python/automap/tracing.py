@@ -156,8 +156,28 @@ class TracedGraph:
             path, module_type = state.module_path, ""
         else:
             path, module_type = _module_of(node)
-        op = node.name if node.op == "placeholder" else _op_name(node.target)
+        op = "placeholder" if node.op == "placeholder" else _op_name(node.target)
         return NodeInfo(node.name, op, _tensor_metas(node.meta.get("val")), path, module_type)
+
+    @property
+    def device(self) -> torch.device:
+        """The device the graph was traced on (of its first placeholder)."""
+        for node in self.graph.nodes:
+            val = node.meta.get("val")
+            if node.op == "placeholder" and isinstance(val, torch.Tensor):
+                return val.device
+        return torch.device("cpu")
+
+    def graph_module_on(self, device: str | torch.device) -> fx.GraphModule:
+        """The graph module with its device constants retargeted to ``device``.
+
+        Export records the devices it saw as constants (``arange(device=...)``,
+        ``.to(device)``, metadata asserts), so a graph traced on ``meta`` cannot run on
+        FakeTensors of another device as is. Nodes keep their names and metadata."""
+        device = torch.device(device)
+        if device.type == self.device.type:
+            return self.graph_module
+        return _retargeted(self.graph_module, self.device.type, device)
 
     def state_of(self, node_name: str) -> StateInfo | None:
         """The parameter, buffer or constant a placeholder stands for (else ``None``)."""
@@ -301,7 +321,7 @@ def _strip_inner(name: str) -> str:
 
 _PATH_NOISE = (
     (re.compile(r"^L\['self'\]\.?|^L__self___?"), ""),
-    (re.compile(r"\._modules\['([^']+)'\]"), r".\1"),
+    (re.compile(r"\.?_modules\['([^']+)'\]"), r".\1"),
     (re.compile(r"\[(\d+)\]"), r".\1"),
     (re.compile(r"\['([^']+)'\]"), r".\1"),
     (re.compile(r"^\."), ""),
@@ -325,6 +345,26 @@ def _module_of(node: fx.Node) -> tuple[str, str]:
     module_type = module_type.rpartition(".")[2]
     # Ops of the loss outside the model belong to the user's root module.
     return normalize_module_path(path), "" if module_type == _Step.__name__ else module_type
+
+
+def _retargeted(gm: fx.GraphModule, src_type: str, device: torch.device) -> fx.GraphModule:
+    def fix(value: Any) -> Any:
+        return pytree.tree_map_only(
+            torch.device, lambda d: device if d.type == src_type else d, value
+        )
+
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    attrs: dict[str, Any] = {}
+    for node in gm.graph.nodes:
+        new = graph.node_copy(node, env.__getitem__)
+        new.args, new.kwargs = fix(new.args), fix(new.kwargs)
+        env[node] = new
+        if node.op == "get_attr":  # e.g. the bodies of higher-order ops (wrap_with_*)
+            attr = getattr(gm, node.target)
+            is_graph = isinstance(attr, fx.GraphModule)
+            attrs[node.target] = _retargeted(attr, src_type, device) if is_graph else attr
+    return fx.GraphModule(attrs, graph)
 
 
 def _op_name(target: Any) -> str:
