@@ -255,20 +255,23 @@ def _storage_bytes(tensors) -> int:
 
 
 def measure_step(model: nn.Module, example_inputs: Any, loss_fn: Callable, optimizer="adamw"):
-    """Run real training steps of ``model`` on CPU and measure the second (steady-state)
-    one: its peak of live tensor bytes and its forward+backward FLOPs.
+    """Run real training steps of ``model`` and measure the second (steady-state) one:
+    its peak of live tensor bytes and its forward+backward FLOPs.
 
-    The peak is recorded from real allocations: the CPU allocator reports every
+    The peak is recorded from real allocations. On CPU, the allocator reports every
     allocation and free to the PyTorch profiler (``profile_memory=True``); the running
-    sum of those ``[memory]`` events on top of what was live before (parameters,
-    buffers, inputs, optimizer state) peaks at the step's peak. FLOPs are counted by
-    ``FlopCounterMode`` on a separate real forward+backward.
+    sum of those ``[memory]`` events peaks at the step's peak. On CUDA it is
+    ``torch.cuda.max_memory_allocated()`` minus what was allocated before the step.
+    Either is added to the bytes live before the step (parameters, buffers, inputs,
+    optimizer state). FLOPs are counted by ``FlopCounterMode`` on a separate real
+    forward+backward.
     """
     args, kwargs = split_inputs(example_inputs)
     if hf_compat.is_hf_model(model):
         kwargs = {**hf_compat.call_kwargs(model), **kwargs}
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = OPTIMIZERS[optimizer](params, False) if optimizer else None
+    on_cuda = params[0].device.type == "cuda"
+    opt = OPTIMIZERS[optimizer](params, on_cuda) if optimizer else None
 
     def step() -> None:
         loss = loss_fn(model(*args, **kwargs))
@@ -281,14 +284,22 @@ def measure_step(model: nn.Module, example_inputs: Any, loss_fn: Callable, optim
     state = pytree.tree_leaves(opt.state_dict()["state"]) if opt else []
     before = [*model.parameters(), *model.buffers(), *pytree.tree_leaves((args, kwargs)), *state]
     baseline_bytes = _storage_bytes(before)
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+    if on_cuda:
+        torch.cuda.synchronize()
+        allocated = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
         step()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    live = peak = 0
-    for event in sorted(events, key=lambda e: e.start_ns()):
-        live += event.nbytes()
-        peak = max(peak, live)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - allocated
+    else:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+            step()
+        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+        live = peak = 0
+        for event in sorted(events, key=lambda e: e.start_ns()):
+            live += event.nbytes()
+            peak = max(peak, live)
 
     with FlopCounterMode(display=False) as counter:
         loss_fn(model(*args, **kwargs)).backward()

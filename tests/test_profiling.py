@@ -146,6 +146,17 @@ def test_estimate_matches_real_execution(name):
     assert p.step_flops == real.flops
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["mlp", "gpt2", "llama"])
+def test_estimate_matches_cuda_max_memory_allocated(name):
+    torch.manual_seed(0)
+    model, inputs, loss_fn = model_zoo.ZOO[name]("cuda")
+    p = profile(model, inputs, "adamw", loss_fn=loss_fn, device="cuda")
+    real = model_zoo.measure_step(model, inputs, loss_fn, "adamw")
+    assert abs(p.peak_memory_bytes - real.peak_bytes) <= 0.05 * real.peak_bytes
+    assert p.step_flops == real.flops
+
+
 def test_meta_model_profiles_like_the_real_one():
     real_model, real_inputs, loss_fn = model_zoo.gpt2("cpu")
     meta_model, meta_inputs, _ = model_zoo.gpt2("meta")

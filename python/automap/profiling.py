@@ -94,10 +94,14 @@ class Profile:
     """The symbolic profile of one training step on one device.
 
     Memory is in bytes of live tensor storage. ``peak_memory_bytes`` is the peak of a
-    steady-state step (the optimizer state already exists), ``peak_breakdown`` splits it
-    by kind of tensor, ``peak_location`` says where it occurs. ``step_flops`` is forward
-    plus backward FLOPs as counted by ``FlopCounterMode`` (the optimizer's elementwise
-    work is not counted there)."""
+    steady-state step (the optimizer state already exists), ``peak_location`` says where
+    it occurs and ``peak_breakdown`` splits it: ``parameters``, ``buffers``, ``inputs``,
+    ``optimizer_state``, ``gradients`` (of parameters), ``activations`` (made in the
+    forward), ``backward`` (other tensors made in the backward: gradients of
+    activations), ``optimizer_step`` (its temporaries) and ``workspace`` (kernel scratch
+    memory, see ``WORKSPACE``). ``phase_peak_bytes`` is the peak of each phase.
+    ``step_flops`` is forward plus backward FLOPs as counted by ``FlopCounterMode`` (the
+    optimizer's elementwise work is not counted there)."""
 
     traced: TracedGraph
     device: str
@@ -267,6 +271,11 @@ def profile_traced(
     if not traced.has_loss:
         raise TraceError("profiling needs a graph that ends in the loss: trace with loss_fn=...")
     device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        # Autograd drives even FakeTensors on CUDA through the CUDA runtime.
+        raise AutomapError("estimating for device 'cuda' needs CUDA here; use device='cpu'")
+    if device.type not in ("cpu", "meta") and device.index is None:
+        device = torch.device(device.type, 0)  # what tensors created on "cuda" report
     with FakeTensorMode(allow_non_fake_inputs=False) as fake_mode:
         state = _make_state(traced, device)
         opt, opt_name = _make_optimizer(optimizer, state.trainable(), device)
@@ -323,8 +332,9 @@ def _make_state(traced: TracedGraph, device: torch.device) -> _State:
         if node.op != "placeholder":
             continue
         val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            raise TraceError(f"input {node.name} is not a tensor ({type(val).__name__})")
+        if not isinstance(val, torch.Tensor):  # a scalar input export specialised on
+            values.append(val)
+            continue
         info = traced.state_of(node.name)
         if info is not None and info.canonical in params:  # a tied name: one tensor
             values.append(params[info.canonical])
