@@ -73,6 +73,26 @@ def test_linear_relu_inplace_keeps_the_output_once(inplace):
     assert p.peak_memory_bytes == real.peak_bytes
 
 
+@pytest.mark.parametrize("inplace", [True, False])
+def test_batch_norm_then_inplace_relu_keeps_the_output_once(inplace):
+    """The paper's nuance: BatchNorm saves its input, ReLU its output. In place, the
+    ReLU's output is BatchNorm's output, so that tensor exists once."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(inplace=inplace))
+    p, real = _profile_and_measure(model, (torch.randn(4, 8),))
+    act, stats = 4 * 16 * F32, 16 * F32
+    bn = p.by_name["batch_norm"]
+    assert (bn.fwd_in_bytes, bn.fwd_tmp_bytes, bn.fwd_out_bytes) == (act, 2 * stats, act)
+    relu = p.by_name["relu_" if inplace else "relu"]
+    assert (relu.fwd_in_bytes, relu.fwd_out_bytes) == ((act, 0) if inplace else (0, act))
+    persistent = p.parameter_bytes + p.buffer_bytes + p.input_bytes
+    # Linear output (saved by BN), BN output, batch statistics; then either the loss
+    # (in place) or, during the ReLU, a second activation.
+    last = F32 if inplace else act
+    assert p.phase_peak_bytes[FORWARD] == persistent + act + act + 2 * stats + last
+    assert p.peak_memory_bytes == real.peak_bytes
+
+
 class _Residual(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -189,10 +189,10 @@ class TracedGraph:
 
     def __str__(self) -> str:
         n_ops = sum(1 for n in self.graph.nodes if n.op == "call_function")
-        param_bytes = sum(p.nbytes for p in self.parameters.values() if p.canonical == p.name)
+        unique = [p for p in self.parameters.values() if p.canonical == p.name]
         lines = [
-            f"TracedGraph of {self.model_type}: {n_ops} ops, {len(self.parameters)} parameters "
-            f"({param_bytes} bytes), {len(self.buffers)} buffers, "
+            f"TracedGraph of {self.model_type}: {n_ops} ops, {len(unique)} parameter tensors "
+            f"({sum(p.nbytes for p in unique)} bytes), {len(self.buffers)} buffers, "
             f"{len(self.user_input_nodes)} inputs" + (", ends in the loss" if self.has_loss else "")
         ]
         lines += [f"  tied: {' = '.join(group)}" for group in self.tied_parameters]
