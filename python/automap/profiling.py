@@ -253,7 +253,8 @@ def profile(
     :func:`automap.tracing.default_loss`). ``device``: the device type the estimate is
     for (kernels differ per device, e.g. which attention kernel runs); default the
     model's device, or for a model on the meta device ``cuda`` when available, else
-    ``cpu``. Nothing real is allocated and the model is not modified.
+    ``cpu`` (estimating for ``cuda`` needs CUDA, since autograd runs even FakeTensors
+    through the CUDA runtime). Nothing real is allocated and the model is not modified.
     """
     traced = trace(
         model,
@@ -276,7 +277,7 @@ def profile_traced(
         raise AutomapError("estimating for device 'cuda' needs CUDA here; use device='cpu'")
     if device.type not in ("cpu", "meta") and device.index is None:
         device = torch.device(device.type, 0)  # what tensors created on "cuda" report
-    with FakeTensorMode(allow_non_fake_inputs=False) as fake_mode:
+    with FakeTensorMode(allow_non_fake_inputs=False):
         state = _make_state(traced, device)
         opt, opt_name = _make_optimizer(optimizer, state.trainable(), device)
         if opt is not None:
@@ -291,14 +292,11 @@ def profile_traced(
             rec.boundary(BACKWARD, "")
             loss.backward()
             gradient_bytes = rec.gradient_bytes(state.trainable())
-            rec.boundary(OPTIMIZER, "")
+            rec.boundary(OPTIMIZER, "")  # settles the FLOPs of the last backward node
             if opt is not None:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            rec.boundary(OPTIMIZER, "")
-            del runner, outputs, loss
-    del fake_mode
-    return rec.result(state, device, opt_name, gradient_bytes)
+    return rec.result(device, opt_name, gradient_bytes)
 
 
 def _target_device(model: nn.Module, device: str | torch.device | None) -> torch.device:
@@ -549,7 +547,7 @@ class _Recorder:
         for name, tensor in zip(
             (n.name for n in self.traced.graph.nodes if n.op == "placeholder"),
             state.placeholder_values,
-            strict=False,
+            strict=True,
         ):
             self.param_nodes.setdefault(id(tensor), name)
         self.window = []
@@ -636,7 +634,7 @@ class _Recorder:
 
     # -- the result --
 
-    def result(self, state: _State, device: torch.device, opt_name: str, grad_bytes: int):
+    def result(self, device: torch.device, opt_name: str, grad_bytes: int) -> Profile:
         def persistent(kind: str) -> int:
             return sum(r.nbytes for r in self.all if r.kind == kind)
 
