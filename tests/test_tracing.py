@@ -5,6 +5,7 @@ from __future__ import annotations
 import model_zoo
 import pytest
 import torch
+from automap import hf_compat
 from automap.errors import TraceError
 from automap.tracing import default_loss, normalize_module_path, trace
 from torch import nn
@@ -82,6 +83,37 @@ def test_hf_adjustments_do_not_change_the_model():
     ops = _ops(traced)
     assert "aten.softmax.int" in ops
     assert not any("scaled_dot_product" in op for op in ops)
+
+
+def test_hf_compat_helpers():
+    model, _, _ = model_zoo.gpt2("meta")
+    assert hf_compat.is_hf_model(model) and not hf_compat.is_hf_model(nn.Linear(2, 2))
+    assert hf_compat.call_kwargs(model) == {"use_cache": False, "return_dict": True}
+    before = model.config._attn_implementation
+    with hf_compat.adjusted(model, "eager"):
+        assert model.config._attn_implementation == "eager"
+    assert model.config._attn_implementation == before
+    loss = torch.tensor(1.0)
+    assert hf_compat.loss_from_output({"loss": loss}) is loss
+    assert hf_compat.loss_from_output(torch.ones(2)) is None
+
+
+def test_graph_is_retargeted_to_another_device():
+    model, inputs, loss_fn = model_zoo.gpt2("meta")
+    traced = trace(model, inputs, loss_fn=loss_fn)
+
+    def devices(gm):
+        found = set()
+        for node in gm.graph.nodes:
+            for value in (*node.args, *node.kwargs.values()):
+                if isinstance(value, torch.device):
+                    found.add(value.type)
+        return found
+
+    assert devices(traced.graph_module) == {"meta"}
+    moved = traced.graph_module_on("cpu")
+    assert devices(moved) == {"cpu"}
+    assert [n.name for n in moved.graph.nodes] == [n.name for n in traced.graph.nodes]
 
 
 def test_ordinary_model_is_traced_without_real_compute():
