@@ -32,6 +32,17 @@ def test_mlp_nodes_have_shape_dtype_and_module_path():
     assert not traced.buffers and not traced.tied_parameters and not traced.has_loss
 
 
+def test_trace_keeps_each_submodule_mode():
+    model, inputs, loss_fn = model_zoo.resnet()
+    model.layer1.bn1.eval()  # e.g. a frozen BatchNorm in a training model
+    traced = trace(model, inputs, loss_fn=loss_fn)
+    assert model.training and not model.layer1.bn1.training
+    # The frozen BatchNorm normalises with its running statistics: no batch statistics
+    # and no update of its running mean in the graph.
+    frozen = [n for n in traced.nodes.values() if n.module_path == "layer1.bn1"]
+    assert [n.op for n in frozen] == ["placeholder"] * 5 + ["aten.batch_norm.default"]
+
+
 def test_resnet_keeps_batch_norm_buffers_and_inplace_relu():
     model, inputs, loss_fn = model_zoo.resnet()
     traced = trace(model, inputs, loss_fn=loss_fn)

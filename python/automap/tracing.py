@@ -267,7 +267,7 @@ def trace(
     args, kwargs = split_inputs(example_inputs)
     is_hf = hf_compat.is_hf_model(model)
     step = _Step(model, loss_fn, hf_compat.call_kwargs(model) if is_hf else {})
-    step.train(model.training)
+    step.training = model.training  # not .train(): it would reset every submodule's mode
     try:
         with hf_compat.adjusted(model, attn_implementation) if is_hf else contextlib.nullcontext():
             exported = torch.export.export(step, args, kwargs, strict=False)
