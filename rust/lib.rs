@@ -7,6 +7,7 @@ pub mod error;
 pub mod layout;
 pub mod mesh;
 pub mod spec;
+pub mod strategy;
 
 #[cfg(feature = "python")]
 mod python;

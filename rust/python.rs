@@ -12,6 +12,8 @@ use crate::layout::cache::{cache_stats, clear_layout_cache};
 use crate::layout::{heuristic, layout_context, LayoutProblem};
 use crate::mesh::{Collective, DeviceMesh};
 use crate::spec::ShardingSpec;
+use crate::strategy::einsum::{self, CostModel, EinsumSignature};
+use crate::strategy::reshape;
 
 fn error_class(py: Python<'_>, name: &str) -> PyResult<Py<PyType>> {
     static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
@@ -404,6 +406,76 @@ fn enumerate_specs(shape: Vec<usize>, mesh: &Bound<'_, PyAny>) -> PyResult<Vec<P
         .collect())
 }
 
+/// Strategies of a node in letter form (see `strategy::einsum`): input and
+/// output spec strings per strategy, and a float64 buffer of
+/// (compute_s, forward_comm_s, backward_comm_s) per strategy.
+#[pyfunction]
+#[pyo3(signature = (mesh, flops_per_s, letter_sizes, unshardable, inputs, outputs, input_bytes,
+                    output_bytes, input_needs_grad, flops))]
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn einsum_strategies<'py>(
+    py: Python<'py>,
+    mesh: &Bound<'py, PyAny>,
+    flops_per_s: f64,
+    letter_sizes: Vec<usize>,
+    unshardable: Vec<bool>,
+    inputs: Vec<Vec<usize>>,
+    outputs: Vec<Vec<usize>>,
+    input_bytes: Vec<f64>,
+    output_bytes: Vec<f64>,
+    input_needs_grad: Vec<bool>,
+    flops: f64,
+) -> PyResult<(Vec<Vec<String>>, Vec<Vec<String>>, Bound<'py, PyBytes>)> {
+    let mesh = native_mesh(mesh)?;
+    let cost = CostModel {
+        mesh_shape: mesh.shape().to_vec(),
+        alpha_s: mesh.alpha_s().to_vec(),
+        bandwidth_bytes_per_s: mesh.bandwidth_bytes_per_s().to_vec(),
+        flops_per_s,
+    };
+    let sig = EinsumSignature {
+        letter_sizes,
+        unshardable,
+        inputs,
+        outputs,
+        input_bytes,
+        output_bytes,
+        input_needs_grad,
+        flops,
+    };
+    let strategies = einsum::einsum_strategies(&sig, &cost).map_err(PyValueError::new_err)?;
+    let ins = strategies
+        .iter()
+        .map(|s| s.inputs.iter().map(|x| x.to_string()).collect())
+        .collect();
+    let outs = strategies
+        .iter()
+        .map(|s| s.outputs.iter().map(|x| x.to_string()).collect())
+        .collect();
+    let costs: Vec<u8> = strategies
+        .iter()
+        .flat_map(|s| [s.compute_s, s.forward_comm_s, s.backward_comm_s])
+        .flat_map(|x| x.to_ne_bytes())
+        .collect();
+    Ok((ins, outs, PyBytes::new(py, &costs)))
+}
+
+/// (input spec, output spec) strings of every strategy of a view.
+#[pyfunction]
+fn reshape_strategies(
+    input_shape: Vec<usize>,
+    output_shape: Vec<usize>,
+    mesh: &Bound<'_, PyAny>,
+) -> PyResult<Vec<(String, String)>> {
+    let mesh = native_mesh(mesh)?;
+    let pairs = reshape::reshape_strategies(&input_shape, &output_shape, mesh.shape())
+        .map_err(PyValueError::new_err)?;
+    Ok(pairs
+        .into_iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect())
+}
+
 /// (cache hits, searches) of the process-wide layout cache.
 #[pyfunction]
 fn layout_cache_stats() -> (u64, u64) {
@@ -425,6 +497,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(resharding_costs, m)?)?;
     m.add_function(wrap_pyfunction!(enumerate_specs, m)?)?;
     m.add_function(wrap_pyfunction!(layout_cache_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(einsum_strategies, m)?)?;
+    m.add_function(wrap_pyfunction!(reshape_strategies, m)?)?;
     m.add_function(wrap_pyfunction!(py_clear_layout_cache, m)?)?;
     Ok(())
 }
