@@ -325,6 +325,7 @@ def _make_state(traced: TracedGraph, device: torch.device) -> _State:
     params: dict[str, torch.Tensor] = {}
     buffers: list[torch.Tensor] = []
     inputs: list[torch.Tensor] = []
+    shared: dict[str, torch.Tensor] = {}  # canonical name -> tensor, for tied names
     values = []
     for node in traced.graph.nodes:
         if node.op != "placeholder":
@@ -334,18 +335,20 @@ def _make_state(traced: TracedGraph, device: torch.device) -> _State:
             values.append(val)
             continue
         info = traced.state_of(node.name)
-        if info is not None and info.canonical in params:  # a tied name: one tensor
-            values.append(params[info.canonical])
+        if info is not None and info.canonical in shared:  # a tied name: one tensor
+            values.append(shared[info.canonical])
             continue
         fake = torch.empty_strided(tuple(val.shape), val.stride(), dtype=val.dtype, device=device)
         if info is None:
             fake.requires_grad_(val.requires_grad)
             inputs.append(fake)
-        elif info.kind == "parameter":
-            fake.requires_grad_(info.requires_grad)
-            params[info.canonical] = fake
         else:
-            buffers.append(fake)
+            shared[info.canonical] = fake
+            if info.kind == "parameter":
+                fake.requires_grad_(info.requires_grad)
+                params[info.canonical] = fake
+            else:
+                buffers.append(fake)
         values.append(fake)
     return _State(values, params, buffers, inputs)
 
