@@ -288,7 +288,7 @@ def profile_traced(
             rec.flop_counter = flops
             runner = _Runner(traced, rec, device)
             outputs = runner.run(*state.placeholder_values)
-            loss = outputs[0]
+            loss = outputs[traced.user_output_index]
             rec.boundary(BACKWARD, "")
             loss.backward()
             gradient_bytes = rec.gradient_bytes(state.trainable())

@@ -100,7 +100,7 @@ class TracedGraph:
     - ``parameters``, ``buffers``, ``constants``: ``StateInfo`` by name.
     - ``tied_parameters``: groups of names that are one tensor.
     - ``has_loss``: whether the graph ends in the scalar training loss (``loss_fn`` given
-      to :func:`trace`); its first user output is then the loss.
+      to :func:`trace`); the graph output at ``user_output_index`` is then the loss.
     """
 
     def __init__(self, exported: ExportedProgram, model: nn.Module, has_loss: bool) -> None:
@@ -144,6 +144,9 @@ class TracedGraph:
         self.user_input_nodes: list[str] = [
             spec.arg.name for spec in sig.input_specs if spec.kind.name == "USER_INPUT"
         ]
+        # Graph outputs also carry buffer mutations in a functional IR; they come first.
+        kinds = [spec.kind.name for spec in sig.output_specs]
+        self.user_output_index = kinds.index("USER_OUTPUT") if "USER_OUTPUT" in kinds else 0
 
         self.nodes: dict[str, NodeInfo] = {}
         for node in self.graph.nodes:
