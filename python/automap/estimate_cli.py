@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,21 @@ def load_factory(target: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Tracing and profiling a large model take seconds: show each stage on stderr.
+    progress = logging.StreamHandler(sys.stderr)
+    progress.setFormatter(logging.Formatter("automap: %(message)s"))
+    package_log = logging.getLogger("automap")
+    level = package_log.level
+    package_log.addHandler(progress)
+    package_log.setLevel(logging.INFO)
+    try:
+        return _estimate(args)
+    finally:
+        package_log.removeHandler(progress)
+        package_log.setLevel(level)
+
+
+def _estimate(args: argparse.Namespace) -> int:
     try:
         factory = load_factory(args.target)
         built = factory(args.batch) if args.batch is not None else factory()

@@ -30,6 +30,8 @@ Per graph node, the paper's quantities (bytes are of storages, counted once):
 from __future__ import annotations
 
 import json
+import logging
+import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -44,6 +46,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from automap.errors import AutomapError, TraceError
 from automap.tracing import TracedGraph, default_loss, trace
+
+log = logging.getLogger(__name__)
 
 FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
 
@@ -277,6 +281,8 @@ def profile_traced(
         raise AutomapError("estimating for device 'cuda' needs CUDA here; use device='cpu'")
     if device.type not in ("cpu", "meta") and device.index is None:
         device = torch.device(device.type, 0)  # what tensors created on "cuda" report
+    log.info("profiling a training step of %d nodes on %s", len(traced.nodes), device)
+    start_s = time.perf_counter()
     with FakeTensorMode(allow_non_fake_inputs=False):
         state = _make_state(traced, device)
         opt, opt_name = _make_optimizer(optimizer, state.trainable(), device)
@@ -296,6 +302,7 @@ def profile_traced(
             if opt is not None:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+    log.info("profiled in %.1f s", time.perf_counter() - start_s)
     return rec.result(device, opt_name, gradient_bytes)
 
 

@@ -14,7 +14,9 @@ arguments (the usual form for Hugging Face models: ``{"input_ids": ..., "labels"
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +28,8 @@ from torch.utils import _pytree as pytree
 
 from automap import hf_compat
 from automap.errors import TraceError
+
+log = logging.getLogger(__name__)
 
 #: Attribute under which :class:`_Step` holds the user's model; stripped from every
 #: module path and parameter name so that names are the user's own.
@@ -271,6 +275,8 @@ def trace(
     is_hf = hf_compat.is_hf_model(model)
     step = _Step(model, loss_fn, hf_compat.call_kwargs(model) if is_hf else {})
     step.training = model.training  # not .train(): it would reset every submodule's mode
+    log.info("exporting %s with torch.export", type(model).__name__)
+    start_s = time.perf_counter()
     try:
         with hf_compat.adjusted(model, attn_implementation) if is_hf else contextlib.nullcontext():
             exported = torch.export.export(step, args, kwargs, strict=False)
@@ -278,7 +284,9 @@ def trace(
         raise
     except Exception as exc:  # torch.export raises many unrelated types; all mean "cannot trace"
         raise TraceError(_explain_export_failure(model, exc, is_hf)) from exc
-    return TracedGraph(exported, model, has_loss=loss_fn is not None)
+    traced = TracedGraph(exported, model, has_loss=loss_fn is not None)
+    log.info("exported %d nodes in %.1f s", len(traced.nodes), time.perf_counter() - start_s)
+    return traced
 
 
 def _explain_export_failure(model: nn.Module, exc: Exception, is_hf: bool) -> str:
