@@ -1,5 +1,7 @@
 //! Every valid sharding spec of a tensor on a mesh: each dim takes an ordered
 //! sequence of distinct mesh axes whose sizes multiply to a divisor of it.
+//! Axes of size 1 split nothing (a spec naming one holds the same data as the
+//! spec without it), so they are left out.
 
 use crate::spec::ShardingSpec;
 
@@ -27,7 +29,7 @@ fn fill_dim(
     fill_dim(dim + 1, used, shape, mesh_shape, dims, out);
     let parts: usize = dims[dim].iter().map(|&a| mesh_shape[a]).product();
     for (axis, &n) in mesh_shape.iter().enumerate() {
-        if used & (1 << axis) == 0 && shape[dim].is_multiple_of(parts * n) {
+        if n > 1 && used & (1 << axis) == 0 && shape[dim].is_multiple_of(parts * n) {
             dims[dim].push(axis);
             fill_dim(dim, used | (1 << axis), shape, mesh_shape, dims, out);
             dims[dim].pop();
@@ -47,6 +49,7 @@ mod tests {
         assert_eq!(enumerate_specs(&[2, 2, 2, 2], &[2, 2, 2]).len(), 73);
         assert_eq!(enumerate_specs(&[6], &[3, 2]).len(), 5); // R S0 S1 S01 S10
         assert_eq!(enumerate_specs(&[], &[2]).len(), 1);
+        assert_eq!(enumerate_specs(&[4, 4], &[1, 4]).len(), 3); // RR S1R RS1
         let specs = enumerate_specs(&[4, 6], &[2, 3]);
         let mut keys: Vec<_> = specs.iter().map(|s| s.key()).collect();
         keys.sort();

@@ -20,7 +20,11 @@ from automap.layout import (
     resharding_cost_matrix,
 )
 from automap.mesh import DeviceMesh
+from automap.plan import Plan
+from automap.planner import plan
+from automap.profiling import Profile, profile
 from automap.spec import ShardingSpec, enumerate_specs
+from automap.tracing import TracedGraph, trace
 
 __version__ = "0.1.0"
 
@@ -32,14 +36,20 @@ __all__ = [
     "InvalidSpecError",
     "LayoutPath",
     "LayoutStep",
+    "Plan",
+    "Profile",
     "ShardingSpec",
     "SolverTimeLimitError",
     "StalePlanError",
     "TraceError",
+    "TracedGraph",
     "UnsupportedOpError",
     "clear_layout_cache",
     "enumerate_specs",
     "layout_cache_stats",
     "layout_path",
+    "plan",
+    "profile",
     "resharding_cost_matrix",
+    "trace",
 ]

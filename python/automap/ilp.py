@@ -1,0 +1,281 @@
+"""The intra-op ILP (MAP section 5.1, Alpa's formulation), solved with HiGHS.
+
+- One binary per strategy of each node with a choice, one-hot per node.
+- Edges: one continuous variable per pair of *distinct* specs on the two
+  sides (producer output spec, consumer input spec), priced with the
+  resharding cost, with marginal equalities to both sides' choices; that
+  keeps the LP relaxation tight and the edge count far below strategy pairs.
+  An edge with one distinct spec on a side folds into the other side's costs.
+- Objective: estimated step time in seconds (compute + node collectives +
+  conversions, forward and backward).
+- Memory: parameters, gradients and optimizer states of the chosen shards,
+  plus every activation saved for the backward (all are live when the
+  backward starts), plus the largest temporary of any node (a variable
+  bounded below by each node's), must fit the budget.
+Coefficients are gathered as numpy arrays per node and per edge, never one
+Python call per coefficient.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import highspy
+import numpy as np
+
+from automap.errors import InfeasibleBudgetError, SolverTimeLimitError
+from automap.layout import resharding_cost_matrix
+from automap.strategies import StrategyTable
+
+
+@dataclass
+class IlpSolution:
+    choice: dict[str, int]
+    objective_s: float
+    gap: float
+    status: str
+    peak_memory_bytes: float
+    memory_binding: bool
+    build_s: float
+    solve_s: float
+    num_binaries: int
+    num_edge_variables: int
+    num_rows: int
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.cost: list[np.ndarray] = []
+        self.lower: list[np.ndarray] = []
+        self.upper: list[np.ndarray] = []
+        self.integer: list[np.ndarray] = []
+        self.ncol = 0
+        self.rows_lo: list[float] = []
+        self.rows_hi: list[float] = []
+        self.entry_row: list[np.ndarray] = []
+        self.entry_col: list[np.ndarray] = []
+        self.entry_val: list[np.ndarray] = []
+
+    def columns(self, cost, integer: bool, upper=1.0) -> np.ndarray:
+        cost = np.asarray(cost, dtype=np.float64)
+        n = len(cost)
+        cols = np.arange(self.ncol, self.ncol + n)
+        self.ncol += n
+        self.cost.append(cost)
+        self.lower.append(np.zeros(n))
+        self.upper.append(np.full(n, upper))
+        self.integer.append(np.full(n, integer))
+        return cols
+
+    def rows(self, lo, hi) -> np.ndarray:
+        lo, hi = np.atleast_1d(lo).astype(float), np.atleast_1d(hi).astype(float)
+        first = len(self.rows_lo)
+        self.rows_lo.extend(lo.tolist())
+        self.rows_hi.extend(hi.tolist())
+        return np.arange(first, first + len(lo))
+
+    def entries(self, rows, cols, vals) -> None:
+        rows, cols = np.asarray(rows), np.asarray(cols)
+        vals = np.broadcast_to(np.asarray(vals, dtype=np.float64), rows.shape)
+        self.entry_row.append(rows)
+        self.entry_col.append(cols)
+        self.entry_val.append(vals)
+
+    def lp(self, cost_override=None):
+        lp = highspy.HighsLp()
+        lp.num_col_ = self.ncol
+        lp.num_row_ = len(self.rows_lo)
+        cost = np.concatenate(self.cost) if cost_override is None else cost_override
+        lp.col_cost_ = cost
+        lp.col_lower_ = np.concatenate(self.lower)
+        lp.col_upper_ = np.concatenate(self.upper)
+        lp.row_lower_ = np.array(self.rows_lo)
+        lp.row_upper_ = np.array(self.rows_hi)
+        rows = np.concatenate(self.entry_row) if self.entry_row else np.zeros(0, int)
+        cols = np.concatenate(self.entry_col) if self.entry_col else np.zeros(0, int)
+        vals = np.concatenate(self.entry_val) if self.entry_val else np.zeros(0)
+        order = np.lexsort((rows, cols))
+        rows, cols, vals = rows[order], cols[order], vals[order]
+        starts = np.searchsorted(cols, np.arange(self.ncol + 1))
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lp.a_matrix_.start_ = starts.astype(np.int32)
+        lp.a_matrix_.index_ = rows.astype(np.int32)
+        lp.a_matrix_.value_ = vals
+        lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
+                           for i in np.concatenate(self.integer)]
+        return lp
+
+
+def solve_ilp(
+    table: StrategyTable,
+    memory_budget_bytes: float | None = None,
+    *,
+    time_limit_s: float = 60.0,
+    mip_rel_gap: float = 1e-6,
+) -> IlpSolution:
+    """Choose one strategy per node minimising the estimated step time under
+    the memory budget (None: unconstrained)."""
+    start = time.perf_counter()
+    b = _Builder()
+    nodes = table.nodes
+    cols: dict[str, np.ndarray] = {}
+    node_cost = {name: node.time_s.copy() for name, node in nodes.items()}
+    constant_s = 0.0
+
+    # Edges first (they may fold costs into node costs).
+    edge_blocks = []
+    for producer, o, consumer, k in table.edges():
+        pu, cv = nodes[producer], nodes[consumer]
+        a_specs = [s[o] for s in pu.out_specs]
+        b_specs = [s[k] for s in cv.in_specs]
+        ua, a_idx = np.unique(a_specs, return_inverse=True)
+        ub, b_idx = np.unique(b_specs, return_inverse=True)
+        info = pu.outputs[o]
+        r = resharding_cost_matrix(table.mesh, list(ua), list(ub), info.shape, info.dtype_bytes)
+        if not r.any():
+            continue
+        if len(ua) == 1 and len(ub) == 1:
+            constant_s += float(r[0, 0])
+        elif len(ua) == 1:
+            node_cost[consumer] += r[0, b_idx]
+        elif len(ub) == 1:
+            node_cost[producer] += r[a_idx, 0]
+        else:
+            edge_blocks.append((producer, a_idx, consumer, b_idx, r))
+
+    for name, node in nodes.items():
+        if len(node) > 1:
+            cols[name] = b.columns(node_cost[name], integer=True)
+            row = b.rows(1.0, 1.0)
+            b.entries(np.repeat(row, len(node)), cols[name], 1.0)
+        else:
+            constant_s += float(node_cost[name][0])
+
+    num_edge_vars = 0
+    for producer, a_idx, consumer, b_idx, r in edge_blocks:
+        na, nb = r.shape
+        ecols = b.columns(r.ravel(), integer=False)
+        num_edge_vars += len(ecols)
+        grid_a = np.repeat(np.arange(na), nb)
+        grid_b = np.tile(np.arange(nb), na)
+        rows_a = b.rows(np.zeros(na), np.zeros(na))
+        b.entries(rows_a[grid_a], ecols, 1.0)
+        b.entries(rows_a[a_idx], cols[producer], -1.0)
+        rows_b = b.rows(np.zeros(nb), np.zeros(nb))
+        b.entries(rows_b[grid_b], ecols, 1.0)
+        b.entries(rows_b[b_idx], cols[consumer], -1.0)
+
+    # Tied parameters choose the same spec.
+    for name, node in nodes.items():
+        if node.tied_to and name in cols and node.tied_to in cols:
+            n = len(node)
+            rows = b.rows(np.zeros(n), np.zeros(n))
+            b.entries(rows, cols[name], 1.0)
+            b.entries(rows, cols[node.tied_to], -1.0)
+
+    # Memory: persistent + saved + the largest temporary.
+    memory_coef: dict[str, np.ndarray] = {}
+    memory_const = 0.0
+    largest_fixed_temp = 0.0
+    for name, node in nodes.items():
+        m = node.persistent_bytes + node.saved_bytes
+        if name in cols:
+            memory_coef[name] = m
+        else:
+            memory_const += float(m[0])
+            largest_fixed_temp = max(largest_fixed_temp, float(node.transient_bytes[0]))
+    z = b.columns([0.0], integer=False, upper=highspy.kHighsInf)[0]
+    for name, node in nodes.items():
+        if name in cols and node.transient_bytes.any():
+            row = b.rows(0.0, highspy.kHighsInf)
+            b.entries([row[0]], [z], 1.0)
+            b.entries(np.repeat(row, len(node)), cols[name], -node.transient_bytes)
+    memory_row = None
+    if memory_budget_bytes is not None:
+        memory_row = b.rows(-highspy.kHighsInf,
+                            float(memory_budget_bytes) - memory_const)[0]
+        for name, coef in memory_coef.items():
+            b.entries(np.full(len(coef), memory_row), cols[name], coef)
+        b.entries([memory_row], [z], 1.0)
+    lp = b.lp()
+    # Costs in microseconds: HiGHS's tolerances are absolute, step times small.
+    lp.col_cost_ = np.asarray(lp.col_cost_) * _US
+    # The largest temporary is at least that of any node without a choice.
+    lower = np.asarray(lp.col_lower_)
+    lower[z] = largest_fixed_temp
+    lp.col_lower_ = lower
+    build_s = time.perf_counter() - start
+
+    h = _highs(time_limit_s, mip_rel_gap)
+    h.passModel(lp)
+    h.run()
+    solve_s = time.perf_counter() - start - build_s
+    status = h.getModelStatus()
+    info = h.getInfo()
+    has_solution = info.primal_solution_status == 2  # feasible
+    if status == highspy.HighsModelStatus.kInfeasible:
+        smallest = _smallest_feasible_budget(b, lp, cols, memory_coef, z, memory_const,
+                                             time_limit_s)
+        raise InfeasibleBudgetError(
+            f"no plan fits a memory budget of {memory_budget_bytes:.4g} bytes per device; "
+            f"the smallest feasible budget is about {smallest:.4g} bytes "
+            f"({smallest / 2**30:.3f} GiB). Raise the budget, use a larger mesh, or enable "
+            f"activation checkpointing.",
+            smallest_feasible_budget_bytes=int(np.ceil(smallest)),
+        )
+    if not has_solution:
+        raise SolverTimeLimitError(
+            f"HiGHS found no feasible plan within {time_limit_s} s "
+            f"(status: {h.modelStatusToString(status)}); raise time_limit_s")
+    x = np.asarray(h.getSolution().col_value)
+    choice = {name: (int(np.argmax(x[c])) if name in cols else 0) for name, c in cols.items()}
+    for name in nodes:
+        choice.setdefault(name, 0)
+    peak = memory_const + sum(float(memory_coef[n][choice[n]]) for n in memory_coef)
+    peak += max([largest_fixed_temp] + [float(nodes[n].transient_bytes[choice[n]])
+                                        for n in cols])
+    binding = memory_budget_bytes is not None and peak >= 0.999 * float(memory_budget_bytes)
+    return IlpSolution(
+        choice=choice,
+        objective_s=float(info.objective_function_value) / _US + constant_s,
+        gap=float(info.mip_gap) if np.isfinite(info.mip_gap) else 0.0,
+        status=h.modelStatusToString(status),
+        peak_memory_bytes=peak,
+        memory_binding=binding,
+        build_s=build_s,
+        solve_s=solve_s,
+        num_binaries=sum(len(c) for c in cols.values()),
+        num_edge_variables=num_edge_vars,
+        num_rows=lp.num_row_,
+    )
+
+
+_US = 1e6
+
+
+def _highs(time_limit_s: float, mip_rel_gap: float) -> highspy.Highs:
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit_s))
+    h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
+    h.setOptionValue("mip_abs_gap", 1e-9)
+    h.setOptionValue("random_seed", 0)
+    h.setOptionValue("threads", 1)
+    return h
+
+
+def _smallest_feasible_budget(b, lp, cols, memory_coef, z, memory_const, time_limit_s) -> float:
+    """Minimum of the memory expression over all plans (the memory row dropped)."""
+    cost = np.zeros(lp.num_col_)
+    for name, coef in memory_coef.items():
+        cost[cols[name]] = coef
+    cost[z] = 1.0
+    lp.col_cost_ = cost
+    upper, lower = np.asarray(lp.row_upper_), np.asarray(lp.row_lower_)
+    # Drop the memory row (the only one bounded above and not below).
+    lp.row_upper_ = np.where(np.isfinite(upper) & ~np.isfinite(lower), highspy.kHighsInf, upper)
+    h = _highs(time_limit_s, 1e-6)
+    h.passModel(lp)
+    h.run()
+    return float(h.getInfo().objective_function_value) + memory_const

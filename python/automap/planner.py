@@ -1,0 +1,116 @@
+"""``automap.plan``: trace, profile, enumerate strategies, solve the ILP, and
+package the result as a Plan. No process group and no weights needed."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from automap.errors import InvalidMeshError
+from automap.ilp import solve_ilp
+from automap.layout import layout_path
+from automap.mesh import DeviceMesh
+from automap.plan import EdgePlan, NodePlan, Plan, current_versions, graph_fingerprint
+from automap.strategies import build_strategy_table
+
+#: Sustained FLOP/s assumed when none is given: an A100's dense fp32/tf32 rate
+#: under typical efficiency. Only the ratio to link speeds matters for a plan.
+DEFAULT_FLOPS_PER_S = 100e12
+
+
+def plan(
+    model: nn.Module,
+    example_inputs: Any,
+    mesh: DeviceMesh | tuple | None = None,
+    memory_budget_bytes: float | None = None,
+    *,
+    loss_fn=None,
+    optimizer: str = "adamw",
+    flops_per_s: float = DEFAULT_FLOPS_PER_S,
+    strict: bool = False,
+    time_limit_s: float = 60.0,
+    verbose: bool = False,
+) -> Plan:
+    """Search the intra-op sharding plan of ``model`` on ``mesh`` that
+    minimises the estimated step time within ``memory_budget_bytes`` per
+    device (None: no limit). ``loss_fn`` maps the model's output to the loss
+    (default: ``automap.tracing.default_loss``)."""
+    from automap.profiling import profile_traced
+    from automap.tracing import default_loss, trace
+
+    if mesh is None:
+        raise InvalidMeshError("plan needs a mesh, e.g. automap.DeviceMesh((2, 4))")
+    if not isinstance(mesh, DeviceMesh):
+        mesh = DeviceMesh(mesh)
+    t0 = time.perf_counter()
+    # Plans cover the whole training step, so the graph ends in the loss.
+    traced = trace(model, example_inputs, loss_fn=loss_fn or default_loss)
+    profile = profile_traced(traced, optimizer)
+    t1 = time.perf_counter()
+    if verbose:
+        print(f"automap: traced and profiled {len(traced.nodes)} nodes in {t1 - t0:.2f} s")
+    return plan_traced(traced, profile, mesh, memory_budget_bytes, optimizer=optimizer,
+                       flops_per_s=flops_per_s, strict=strict, time_limit_s=time_limit_s,
+                       trace_s=t1 - t0, verbose=verbose)
+
+
+def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
+                optimizer="adamw", flops_per_s=DEFAULT_FLOPS_PER_S, strict=False,
+                time_limit_s=60.0, trace_s=0.0, verbose=False) -> Plan:
+    """``plan`` for an already traced and profiled graph."""
+    t0 = time.perf_counter()
+    table = build_strategy_table(traced, profile, mesh, flops_per_s=flops_per_s,
+                                 optimizer=optimizer, strict=strict)
+    t1 = time.perf_counter()
+    sol = solve_ilp(table, memory_budget_bytes, time_limit_s=time_limit_s)
+    if verbose:
+        print(f"automap: {sum(len(n) for n in table.nodes.values())} strategies in "
+              f"{t1 - t0:.2f} s; ILP built in {sol.build_s:.2f} s, solved in {sol.solve_s:.2f} s")
+
+    nodes: dict[str, NodePlan] = {}
+    compute = comm = 0.0
+    for name, node in table.nodes.items():
+        c = sol.choice[name]
+        order = np.argsort(node.time_s)
+        alternatives = [
+            {"inputs": list(node.in_specs[i]), "outputs": list(node.out_specs[i]),
+             "extra_s": float(node.time_s[i] - node.time_s[c])}
+            for i in order if i != c and node.out_specs[i] != node.out_specs[c]
+        ][:3]
+        nodes[name] = NodePlan(
+            name, node.op, node.kind, node.module_path, list(node.in_specs[c]),
+            list(node.out_specs[c]), float(node.compute_s[c]), float(node.forward_comm_s[c]),
+            float(node.backward_comm_s[c]), alternatives)
+        compute += float(node.compute_s[c])
+        comm += float(node.forward_comm_s[c] + node.backward_comm_s[c])
+    edges = []
+    for producer, o, consumer, k in table.edges():
+        src = nodes[producer].outputs[o]
+        dst = nodes[consumer].inputs[k]
+        info = table.nodes[producer].outputs[o]
+        path = layout_path(mesh, src, dst, info.shape, info.dtype_bytes)
+        edges.append(EdgePlan(producer, o, consumer, k, src, dst, list(info.shape),
+                              info.dtype_bytes, [repr(s) for s in path.steps], path.cost_s))
+        comm += path.cost_s
+    return Plan(
+        mesh=mesh,
+        nodes=nodes,
+        edges=edges,
+        predicted_step_s=compute + comm,
+        predicted_compute_s=compute,
+        predicted_communication_s=comm,
+        predicted_peak_memory_bytes=sol.peak_memory_bytes,
+        memory_budget_bytes=memory_budget_bytes,
+        memory_binding=sol.memory_binding,
+        graph_fingerprint=graph_fingerprint(traced),
+        cost_constants={"flops_per_s": flops_per_s, "optimizer": optimizer},
+        solver={"status": sol.status, "gap": sol.gap, "objective_s": sol.objective_s,
+                "build_s": sol.build_s, "solve_s": sol.solve_s, "trace_s": trace_s,
+                "strategies_s": t1 - t0, "binaries": sol.num_binaries,
+                "edge_variables": sol.num_edge_variables, "rows": sol.num_rows},
+        unsupported_ops={op: len(v) for op, v in table.unsupported_ops.items()},
+        versions=current_versions(),
+    )
