@@ -151,12 +151,14 @@ class Plan:
         header = f"{'node':28} {'op':22} {'inputs -> outputs':34} {'time ms':>9}  alternatives"
         lines.append(header)
         lines.append("-" * len(header))
+        lines.append("(alternatives: other output specs and their node time relative to the "
+                     "chosen one, before the conversions they would need)")
         interesting = [n for n in self.nodes.values() if n.kind not in ("output",)]
         interesting.sort(key=lambda n: -(n.compute_s + n.forward_comm_s + n.backward_comm_s))
         for n in interesting[:max_rows]:
             io = f"{','.join(n.inputs) or '-'} -> {','.join(n.outputs)}"
             t = (n.compute_s + n.forward_comm_s + n.backward_comm_s) * 1e3
-            alts = "; ".join(f"{a['outputs']} +{a['extra_s'] * 1e3:.3f} ms"
+            alts = "; ".join(f"{','.join(a['outputs'])} {a['extra_s'] * 1e3:+.3f} ms"
                              for a in n.alternatives[:2])
             lines.append(f"{n.name[:28]:28} {n.op[:22]:22} {io[:34]:34} {t:9.4f}  {alts}")
         conversions = [e for e in self.edges if e.steps]
