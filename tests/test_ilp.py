@@ -68,11 +68,13 @@ def test_ilp_equals_exhaustive_enumeration(mesh, seed):
     best_s, _ = _brute_force(table, budget)
     if not np.isfinite(best_s):
         with pytest.raises(InfeasibleBudgetError) as err:
-            solve_ilp(table, budget)
+            solve_ilp(table, budget, merge_followers=False)
         assert err.value.smallest_feasible_budget_bytes > budget
         return
-    sol = solve_ilp(table, budget)
+    sol = solve_ilp(table, budget, merge_followers=False)
     assert sol.objective_s == pytest.approx(best_s, rel=1e-6, abs=1e-12)
+    if budget is None:  # merging followers restricts the search: never better
+        assert solve_ilp(table, None).objective_s >= best_s * (1 - 1e-9)
     if budget is not None:
         assert sol.peak_memory_bytes <= budget + 1e-6
 
@@ -82,8 +84,8 @@ def test_smallest_feasible_budget_is_feasible_and_tight():
     mesh = DeviceMesh((4,))
     table = _random_table(rng, mesh)
     with pytest.raises(InfeasibleBudgetError) as err:
-        solve_ilp(table, 1.0)
+        solve_ilp(table, 1.0, merge_followers=False)
     smallest = err.value.smallest_feasible_budget_bytes
-    assert solve_ilp(table, smallest).peak_memory_bytes <= smallest
+    assert solve_ilp(table, smallest, merge_followers=False).peak_memory_bytes <= smallest
     assert np.isfinite(_brute_force(table, smallest)[0])
     assert not np.isfinite(_brute_force(table, smallest * 0.99 - 1)[0])

@@ -114,3 +114,12 @@ def test_plan_needs_a_mesh():
     model, inputs, loss = gpt2_block_case(batch=1, seq=8, hidden=16, heads=2)
     with pytest.raises(automap.InvalidMeshError):
         plan(model, inputs, None)
+
+
+def test_follower_merging_costs_little_on_a_gpt2_block(small_batch_block):
+    model, inputs, loss = small_batch_block
+    exact = plan(model, inputs, FAST, None, loss_fn=loss, merge_followers=False)
+    merged = plan(model, inputs, FAST, None, loss_fn=loss)
+    assert merged.solver["binaries"] < exact.solver["binaries"]
+    assert exact.solver["objective_s"] <= merged.solver["objective_s"] * (1 + 1e-9)
+    assert merged.solver["objective_s"] <= exact.solver["objective_s"] * 1.01

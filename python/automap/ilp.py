@@ -6,6 +6,8 @@
   resharding cost, with marginal equalities to both sides' choices; that
   keeps the LP relaxation tight and the edge count far below strategy pairs.
   An edge with one distinct spec on a side folds into the other side's costs.
+- Followers (single-input nodes) ride on their producer's choice unless
+  ``merge_followers=False``: Alpa's reduction, far fewer variables.
 - Objective: estimated step time in seconds (compute + node collectives +
   conversions, forward and backward).
 - Memory: parameters, gradients and optimizer states of the chosen shards,
@@ -113,44 +115,56 @@ def solve_ilp(
     *,
     time_limit_s: float = 60.0,
     mip_rel_gap: float = 1e-6,
+    merge_followers: bool = True,
 ) -> IlpSolution:
     """Choose one strategy per node minimising the estimated step time under
-    the memory budget (None: unconstrained)."""
+    the memory budget (None: unconstrained). ``merge_followers`` shrinks the
+    problem by letting single-input nodes read their producer's output as is
+    (a restriction: exact optimality needs it off)."""
     start = time.perf_counter()
     b = _Builder()
     nodes = table.nodes
+    root, index = _followers(table) if merge_followers else _no_followers(table)
+    members: dict[str, list[str]] = {}
+    for name in nodes:
+        members.setdefault(root[name], []).append(name)
+    # Per root, arrays over the root's strategies.
+    group_cost = {r: sum(nodes[v].time_s[index[v]] for v in vs) for r, vs in members.items()}
     cols: dict[str, np.ndarray] = {}
-    node_cost = {name: node.time_s.copy() for name, node in nodes.items()}
     constant_s = 0.0
 
     # Edges first (they may fold costs into node costs).
     edge_blocks = []
     for producer, o, consumer, k in table.edges():
-        pu, cv = nodes[producer], nodes[consumer]
-        a_specs = [s[o] for s in pu.out_specs]
-        b_specs = [s[k] for s in cv.in_specs]
+        ru, rv = root[producer], root[consumer]
+        a_specs = [nodes[producer].out_specs[i][o] for i in index[producer]]
+        b_specs = [nodes[consumer].in_specs[i][k] for i in index[consumer]]
+        if ru == rv and a_specs == b_specs:
+            continue  # a follower reads its producer's output as it is
         ua, a_idx = np.unique(a_specs, return_inverse=True)
         ub, b_idx = np.unique(b_specs, return_inverse=True)
-        info = pu.outputs[o]
+        info = nodes[producer].outputs[o]
         r = resharding_cost_matrix(table.mesh, list(ua), list(ub), info.shape, info.dtype_bytes)
         if not r.any():
             continue
-        if len(ua) == 1 and len(ub) == 1:
+        if ru == rv:
+            group_cost[ru] = group_cost[ru] + r[a_idx, b_idx]
+        elif len(ua) == 1 and len(ub) == 1:
             constant_s += float(r[0, 0])
         elif len(ua) == 1:
-            node_cost[consumer] += r[0, b_idx]
+            group_cost[rv] = group_cost[rv] + r[0, b_idx]
         elif len(ub) == 1:
-            node_cost[producer] += r[a_idx, 0]
+            group_cost[ru] = group_cost[ru] + r[a_idx, 0]
         else:
-            edge_blocks.append((producer, a_idx, consumer, b_idx, r))
+            edge_blocks.append((ru, a_idx, rv, b_idx, r))
 
-    for name, node in nodes.items():
-        if len(node) > 1:
-            cols[name] = b.columns(node_cost[name], integer=True)
+    for r in members:
+        if len(nodes[r]) > 1:
+            cols[r] = b.columns(group_cost[r], integer=True)
             row = b.rows(1.0, 1.0)
-            b.entries(np.repeat(row, len(node)), cols[name], 1.0)
+            b.entries(np.repeat(row, len(nodes[r])), cols[r], 1.0)
         else:
-            constant_s += float(node_cost[name][0])
+            constant_s += float(group_cost[r][0])
 
     num_edge_vars = 0
     for producer, a_idx, consumer, b_idx, r in edge_blocks:
@@ -168,35 +182,36 @@ def solve_ilp(
 
     # Tied parameters choose the same spec.
     for name, node in nodes.items():
-        if node.tied_to and name in cols and node.tied_to in cols:
+        if node.tied_to and root[name] in cols and root[node.tied_to] in cols:
             n = len(node)
             rows = b.rows(np.zeros(n), np.zeros(n))
-            b.entries(rows, cols[name], 1.0)
-            b.entries(rows, cols[node.tied_to], -1.0)
+            b.entries(rows, cols[root[name]], 1.0)
+            b.entries(rows, cols[root[node.tied_to]], -1.0)
 
     # Memory: persistent + saved + the largest temporary.
     memory_coef: dict[str, np.ndarray] = {}
     memory_const = 0.0
     largest_fixed_temp = 0.0
-    for name, node in nodes.items():
-        m = node.persistent_bytes + node.saved_bytes
-        if name in cols:
-            memory_coef[name] = m
+    z = b.columns([0.0], integer=False, upper=highspy.kHighsInf)[0]
+    for r, vs in members.items():
+        m = sum(nodes[v].persistent_bytes[index[v]] + nodes[v].saved_bytes[index[v]]
+                for v in vs)
+        temp = np.max([nodes[v].transient_bytes[index[v]] for v in vs], axis=0)
+        if r in cols:
+            memory_coef[r] = m
+            if temp.any():
+                row = b.rows(0.0, highspy.kHighsInf)
+                b.entries([row[0]], [z], 1.0)
+                b.entries(np.repeat(row, len(temp)), cols[r], -temp)
         else:
             memory_const += float(m[0])
-            largest_fixed_temp = max(largest_fixed_temp, float(node.transient_bytes[0]))
-    z = b.columns([0.0], integer=False, upper=highspy.kHighsInf)[0]
-    for name, node in nodes.items():
-        if name in cols and node.transient_bytes.any():
-            row = b.rows(0.0, highspy.kHighsInf)
-            b.entries([row[0]], [z], 1.0)
-            b.entries(np.repeat(row, len(node)), cols[name], -node.transient_bytes)
+            largest_fixed_temp = max(largest_fixed_temp, float(temp[0]))
     memory_row = None
     if memory_budget_bytes is not None:
         memory_row = b.rows(-highspy.kHighsInf,
                             float(memory_budget_bytes) - memory_const)[0]
-        for name, coef in memory_coef.items():
-            b.entries(np.full(len(coef), memory_row), cols[name], coef)
+        for r, coef in memory_coef.items():
+            b.entries(np.full(len(coef), memory_row), cols[r], coef)
         b.entries([memory_row], [z], 1.0)
     lp = b.lp()
     # Costs in microseconds: HiGHS's tolerances are absolute, step times small.
@@ -229,12 +244,11 @@ def solve_ilp(
             f"HiGHS found no feasible plan within {time_limit_s} s "
             f"(status: {h.modelStatusToString(status)}); raise time_limit_s")
     x = np.asarray(h.getSolution().col_value)
-    choice = {name: (int(np.argmax(x[c])) if name in cols else 0) for name, c in cols.items()}
-    for name in nodes:
-        choice.setdefault(name, 0)
-    peak = memory_const + sum(float(memory_coef[n][choice[n]]) for n in memory_coef)
-    peak += max([largest_fixed_temp] + [float(nodes[n].transient_bytes[choice[n]])
-                                        for n in cols])
+    root_choice = {r: (int(np.argmax(x[cols[r]])) if r in cols else 0) for r in members}
+    choice = {v: int(index[v][root_choice[root[v]]]) for v in nodes}
+    peak = memory_const + sum(float(memory_coef[r][root_choice[r]]) for r in memory_coef)
+    peak += max([largest_fixed_temp] + [float(nodes[v].transient_bytes[choice[v]])
+                                        for v in nodes])
     binding = memory_budget_bytes is not None and peak >= 0.999 * float(memory_budget_bytes)
     return IlpSolution(
         choice=choice,
@@ -252,6 +266,36 @@ def solve_ilp(
 
 
 _US = 1e6
+
+
+def _no_followers(table: StrategyTable) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+    return ({name: name for name in table.nodes},
+            {name: np.arange(len(node)) for name, node in table.nodes.items()})
+
+
+def _followers(table: StrategyTable) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+    """Merge followers into their producers (Alpa's follower merging): a node
+    with one tensor input whose strategies differ only by that input's spec
+    takes the strategy that reads its producer's output as it is. Returns
+    each node's root and, per strategy of the root, the node's strategy."""
+    root: dict[str, str] = {}
+    index: dict[str, np.ndarray] = {}
+    for name, node in table.nodes.items():
+        root[name], index[name] = name, np.arange(len(node))
+        if len(node) < 2 or len(node.inputs) != 1 or node.kind not in ("einsum", "view"):
+            continue
+        producer, o = node.inputs[0]
+        by_spec: dict[str, int] = {}
+        for t, specs in enumerate(node.in_specs):
+            if specs[0] in by_spec:
+                break
+            by_spec[specs[0]] = t
+        else:
+            produced = [table.nodes[producer].out_specs[i][o] for i in index[producer]]
+            if all(spec in by_spec for spec in produced):
+                root[name] = root[producer]
+                index[name] = np.array([by_spec[spec] for spec in produced])
+    return root, index
 
 
 def _highs(time_limit_s: float, mip_rel_gap: float) -> highspy.Highs:

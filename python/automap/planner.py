@@ -32,6 +32,7 @@ def plan(
     flops_per_s: float = DEFAULT_FLOPS_PER_S,
     strict: bool = False,
     time_limit_s: float = 60.0,
+    merge_followers: bool = True,
     verbose: bool = False,
 ) -> Plan:
     """Search the intra-op sharding plan of ``model`` on ``mesh`` that
@@ -54,18 +55,19 @@ def plan(
         print(f"automap: traced and profiled {len(traced.nodes)} nodes in {t1 - t0:.2f} s")
     return plan_traced(traced, profile, mesh, memory_budget_bytes, optimizer=optimizer,
                        flops_per_s=flops_per_s, strict=strict, time_limit_s=time_limit_s,
-                       trace_s=t1 - t0, verbose=verbose)
+                       merge_followers=merge_followers, trace_s=t1 - t0, verbose=verbose)
 
 
 def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 optimizer="adamw", flops_per_s=DEFAULT_FLOPS_PER_S, strict=False,
-                time_limit_s=60.0, trace_s=0.0, verbose=False) -> Plan:
+                time_limit_s=60.0, merge_followers=True, trace_s=0.0, verbose=False) -> Plan:
     """``plan`` for an already traced and profiled graph."""
     t0 = time.perf_counter()
     table = build_strategy_table(traced, profile, mesh, flops_per_s=flops_per_s,
                                  optimizer=optimizer, strict=strict)
     t1 = time.perf_counter()
-    sol = solve_ilp(table, memory_budget_bytes, time_limit_s=time_limit_s)
+    sol = solve_ilp(table, memory_budget_bytes, time_limit_s=time_limit_s,
+                    merge_followers=merge_followers)
     if verbose:
         print(f"automap: {sum(len(n) for n in table.nodes.values())} strategies in "
               f"{t1 - t0:.2f} s; ILP built in {sol.build_s:.2f} s, solved in {sol.solve_s:.2f} s")
