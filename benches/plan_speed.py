@@ -15,7 +15,6 @@ import time
 import warnings
 
 import torch
-
 from automap import DeviceMesh
 from automap.planner import plan_traced
 from automap.profiling import profile_traced
