@@ -149,6 +149,11 @@ def _times_s(fn: Callable[[], None], iters: int, warmup: int, device: torch.devi
     return times
 
 
+def _barrier(device: torch.device) -> None:
+    # On NCCL, name the device: the barrier's tensor goes there.
+    dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)
+
+
 class _Bench:
     """This rank's buffers and timed operations; each returns the seconds of
     every iteration of every size."""
@@ -162,7 +167,7 @@ class _Bench:
 
     def _sync(self) -> None:
         # Align all ranks so concurrent measurements really overlap.
-        dist.barrier()
+        _barrier(self.device)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
@@ -251,9 +256,9 @@ def _pair_samples(records: list[dict], key: str) -> dict[tuple[int, int], np.nda
     return {pair: np.concatenate(ends, axis=1) for pair, ends in samples.items()}
 
 
-def _relative_spread(samples: np.ndarray) -> float:
+def _relative_spread(samples: np.ndarray, sizes: np.ndarray) -> float:
     """Interquartile range over median of the largest size's times."""
-    q1, q2, q3 = np.percentile(samples[-1], [25, 50, 75])
+    q1, q2, q3 = np.percentile(samples[np.argmax(sizes)], [25, 50, 75])
     return float((q3 - q1) / q2)
 
 
@@ -278,6 +283,13 @@ def detect_cluster(
     None takes the larger of ``DEFAULT_REL_TOL`` and the measured noise (the
     median relative interquartile range of the pair times at the largest
     size), so that noise does not split a tier. ``quiet``: no progress lines.
+    Keep ``warmup >= 1`` on NCCL: the first exchange of a pair creates its
+    communicator.
+
+    The returned ``Cluster.measurement`` holds the settings, ``noise_rel``,
+    ``contention`` (pair bandwidth per number of concurrent pairs),
+    ``groups`` (per measured axis: its fit, and time, algbw and busbw per
+    size), and ``phase_s`` / ``wall_s`` (rank 0's clock).
 
     Work: N-1 (odd N: N) rounds of ``len(sizes_bytes) * (warmup + iters)``
     concurrent exchanges, 3 * ceil(log2(N/2) + 1) rounds of ``warmup + iters``
@@ -312,7 +324,7 @@ def detect_cluster(
     def lap(phase: str) -> None:
         phase_s[phase] = time.perf_counter() - wall_start - sum(phase_s.values())
 
-    dist.barrier()  # every rank multiplies at once: the rate under full load
+    _barrier(device)  # every rank multiplies at once: the rate under full load
     record: dict = {"device": _this_device(device, measure_flops), "pairs": {}, "contention": {}}
     progress.step("device")
     lap("device")
@@ -334,7 +346,8 @@ def detect_cluster(
     dist.all_gather_object(records, record)
 
     pair_samples = _pair_samples(records, "pairs")
-    noise = float(np.median([_relative_spread(t) for t in pair_samples.values()])) if n > 1 else 0
+    spreads = [_relative_spread(t, sizes) for t in pair_samples.values()]
+    noise = float(np.median(spreads)) if spreads else 0.0
     if rel_tol is None:
         rel_tol = max(DEFAULT_REL_TOL, noise)
     alpha, bandwidth = _pair_matrices(pair_samples, n, sizes)

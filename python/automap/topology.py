@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from automap.errors import InvalidMeshError
-from automap.mesh import DeviceMesh
+from automap.mesh import DEFAULT_BANDWIDTH_BYTES_PER_S, DeviceMesh
 
 #: Neighbouring bandwidths (sorted) further apart than this, relatively, start a new tier.
 DEFAULT_REL_TOL = 0.25
@@ -64,7 +64,7 @@ class GroupLink:
         return _partition_key(self.groups)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Topology:
     """The fitted tiers (fastest first), the tier of every pair (-1 on the
     diagonal) and the tree order of the devices."""
@@ -267,7 +267,7 @@ def candidate_meshes(
                 bandwidths.append(min(tiers[t].bandwidth_bytes_per_s for t in present))
             else:  # a single device: its axis never communicates
                 alphas.append(0.0)
-                bandwidths.append(DeviceMesh(1).bandwidth_bytes_per_s[0])
+                bandwidths.append(DEFAULT_BANDWIDTH_BYTES_PER_S)
             axis_tiers.append(present)
             from_groups.append(link is not None)
         mesh = DeviceMesh(
