@@ -211,6 +211,11 @@ def test_512_devices_in_polynomial_time():
     assert best.shape == (64, 8)
     assert all(len({d // 8 for d in g}) == 1 for g in best.axis_groups(1))
     assert elapsed_s < 20, f"mesh construction for 512 devices took {elapsed_s:.1f} s"
+    # Structureless values and a tiny tolerance: a thousand tiers, still fast.
+    start = time.perf_counter()
+    noise = Cluster(n, np.full((n, n), 1e-5), np.maximum(bandwidth, bandwidth.T), rel_tol=1e-4)
+    assert len(noise.tiers) > 500 and noise.meshes()
+    assert time.perf_counter() - start < 20
 
 
 @given(st.integers(1, 400), st.integers(1, 3))

@@ -165,29 +165,40 @@ def fit_tiers(alpha_s, bandwidth_bytes_per_s, rel_tol: float = DEFAULT_REL_TOL) 
     tier_of_pair[iu, ju] = labels
     tier_of_pair[ju, iu] = labels
 
-    # Kruskal by tier: the components after each tier are the hierarchy's groups.
+    # Kruskal by tier: the components after each tier are the hierarchy's
+    # groups. Components are recomputed only when a tier merges some, so
+    # noisy data with many tiers still costs O(N^2) overall.
+    by_tier = np.argsort(labels, kind="stable")
+    bounds = np.searchsorted(labels[by_tier], np.arange(int(labels.max()) + 2))
     parent = list(range(n))
+    groups = tuple((d,) for d in range(n))
+    partitions = []  # the distinct ones, finest first
     tiers = []
-    for t in range(int(labels.max()) + 1):
-        mask = labels == t
-        for i, j in zip(iu[mask].tolist(), ju[mask].tolist()):
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        pairs = by_tier[start:end]
+        merged = False
+        for i, j in zip(iu[pairs].tolist(), ju[pairs].tolist()):
             ri, rj = _find(parent, i), _find(parent, j)
             if ri != rj:
                 parent[max(ri, rj)] = min(ri, rj)
+                merged = True
+        if merged:
+            groups = tuple(_components(parent))
+            partitions.append(groups)
         tiers.append(
             Tier(
-                bandwidth_bytes_per_s=float(np.median(bandwidth[iu[mask], ju[mask]])),
-                alpha_s=float(np.median(alpha[iu[mask], ju[mask]])),
-                pairs=int(mask.sum()),
-                groups=tuple(_components(parent)),
+                bandwidth_bytes_per_s=float(np.median(bandwidth[iu[pairs], ju[pairs]])),
+                alpha_s=float(np.median(alpha[iu[pairs], ju[pairs]])),
+                pairs=len(pairs),
+                groups=groups,
             )
         )
 
-    # Tree order: sort by group index from the coarsest tier to the finest, so
-    # every group of every tier is one contiguous block.
+    # Tree order: sort by group index from the coarsest partition to the
+    # finest, so every group of every tier is one contiguous block.
     keys = [[] for _ in range(n)]
-    for tier in reversed(tiers):
-        for index, group in enumerate(tier.groups):
+    for partition in reversed(partitions):
+        for index, group in enumerate(partition):
             for d in group:
                 keys[d].append(index)
     order = tuple(sorted(range(n), key=lambda d: (keys[d], d)))
