@@ -407,11 +407,12 @@ fn enumerate_specs(shape: Vec<usize>, mesh: &Bound<'_, PyAny>) -> PyResult<Vec<P
 }
 
 /// Strategies of a node in letter form (see `strategy::einsum`): input and
-/// output spec strings per strategy, and a float64 buffer of
-/// (compute_s, forward_comm_s, backward_comm_s) per strategy.
+/// output spec strings per strategy, a float64 buffer of
+/// (compute_s, forward_comm_s, backward_comm_s) per strategy, and per
+/// strategy (partial axes, scatter dim or None, gradient-reduction axes per input).
 #[pyfunction]
 #[pyo3(signature = (mesh, flops_per_s, letter_sizes, unshardable, inputs, outputs, input_bytes,
-                    output_bytes, input_needs_grad, flops))]
+                    output_bytes, input_needs_grad, input_additive, flops))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 fn einsum_strategies<'py>(
     py: Python<'py>,
@@ -424,8 +425,14 @@ fn einsum_strategies<'py>(
     input_bytes: Vec<f64>,
     output_bytes: Vec<f64>,
     input_needs_grad: Vec<bool>,
+    input_additive: Vec<bool>,
     flops: f64,
-) -> PyResult<(Vec<Vec<String>>, Vec<Vec<String>>, Bound<'py, PyBytes>)> {
+) -> PyResult<(
+    Vec<Vec<String>>,
+    Vec<Vec<String>>,
+    Bound<'py, PyBytes>,
+    Vec<ReductionPlan>,
+)> {
     let mesh = native_mesh(mesh)?;
     let cost = CostModel {
         mesh_shape: mesh.shape().to_vec(),
@@ -441,6 +448,7 @@ fn einsum_strategies<'py>(
         input_bytes,
         output_bytes,
         input_needs_grad,
+        input_additive,
         flops,
     };
     let strategies = einsum::einsum_strategies(&sig, &cost).map_err(PyValueError::new_err)?;
@@ -457,8 +465,21 @@ fn einsum_strategies<'py>(
         .flat_map(|s| [s.compute_s, s.forward_comm_s, s.backward_comm_s])
         .flat_map(|x| x.to_ne_bytes())
         .collect();
-    Ok((ins, outs, PyBytes::new(py, &costs)))
+    let reductions = strategies
+        .iter()
+        .map(|s| {
+            (
+                s.partial_axes.clone(),
+                s.scatter_dim,
+                s.grad_reduce_axes.clone(),
+            )
+        })
+        .collect();
+    Ok((ins, outs, PyBytes::new(py, &costs), reductions))
 }
+
+/// (partial axes, scatter dim, gradient-reduction axes per input) of a strategy.
+type ReductionPlan = (Vec<usize>, Option<usize>, Vec<Vec<usize>>);
 
 /// (input spec, output spec) strings of every strategy of a view.
 #[pyfunction]

@@ -36,8 +36,13 @@ def test_megatron_when_memory_is_too_small_for_data_parallelism(small_batch_bloc
     q, k, v, proj, fc1, fc2 = _linears(p)
     for column in (q, k, v, fc1):  # weight rows (output features) split, output split
         assert column.inputs[1] == "S1R" and column.outputs[0] == "RRS1", column
+        # Megatron's f: the input gradient is all-reduced in the backward.
+        assert column.grad_reduce_axes == [[1], [], []] and not column.partial_axes
     for row in (proj, fc2):  # contraction split: the partial sum is all-reduced
         assert row.inputs[1] == "RS1" and row.outputs[0] == "RRR", row
+        # Megatron's g; the bias gradient is whole (a bias is added, not contracted).
+        assert row.partial_axes == [1] and row.scatter_dim is None
+        assert row.grad_reduce_axes == [[], [], []]
     attention = next(n for n in p.nodes.values() if n.op == "scaled_dot_product_attention")
     assert attention.outputs == ["RS1RR"]  # heads
     forward_reductions = [n.name for n in p.nodes.values() if n.forward_comm_s > 0]

@@ -9,9 +9,11 @@ __all__ = [
     "Mesh",
     "ShardingSpec",
     "clear_layout_cache",
+    "einsum_strategies",
     "enumerate_specs",
     "layout_cache_stats",
     "layout_path",
+    "reshape_strategies",
     "resharding_costs",
 ]
 
@@ -115,6 +117,27 @@ def resharding_costs(
     shape: Sequence[int],
     dtype_bytes: int = 4,
 ) -> tuple[bytes, bytes]: ...
+def einsum_strategies(
+    mesh: Any,
+    flops_per_s: float,
+    letter_sizes: Sequence[int],
+    unshardable: Sequence[bool],
+    inputs: Sequence[Sequence[int]],
+    outputs: Sequence[Sequence[int]],
+    input_bytes: Sequence[float],
+    output_bytes: Sequence[float],
+    input_needs_grad: Sequence[bool],
+    input_additive: Sequence[bool],
+    flops: float,
+) -> tuple[
+    list[list[str]],
+    list[list[str]],
+    bytes,
+    list[tuple[list[int], int | None, list[list[int]]]],
+]: ...
+def reshape_strategies(
+    input_shape: Sequence[int], output_shape: Sequence[int], mesh: Any
+) -> list[tuple[str, str]]: ...
 def enumerate_specs(shape: Sequence[int], mesh: Any) -> list[ShardingSpec]: ...
 def layout_cache_stats() -> tuple[int, int]: ...
 def clear_layout_cache() -> None: ...

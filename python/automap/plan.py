@@ -30,6 +30,14 @@ class NodePlan:
     forward_comm_s: float
     backward_comm_s: float
     alternatives: list[dict] = field(default_factory=list)  # next best, with extra seconds
+    # The collectives the node runs itself: outputs partial over these mesh axes
+    # are all-reduced (scatter_dim None) or reduce-scattered onto scatter_dim;
+    # input i's gradient is all-reduced over grad_reduce_axes[i] in the backward.
+    # Additive inputs (biases) of a node with partial axes are added once, after
+    # the reduction.
+    partial_axes: list[int] = field(default_factory=list)
+    scatter_dim: int | None = None
+    grad_reduce_axes: list[list[int]] = field(default_factory=list)
 
 
 @dataclass

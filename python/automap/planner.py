@@ -82,10 +82,13 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
              "extra_s": float(node.time_s[i] - node.time_s[c])}
             for i in order if i != c and node.out_specs[i] != node.out_specs[c]
         ][:3]
+        partial, scatter, grads = (node.reductions[c] if node.reductions is not None
+                                   else ([], None, [[] for _ in node.inputs]))
         nodes[name] = NodePlan(
             name, node.op, node.kind, node.module_path, list(node.in_specs[c]),
             list(node.out_specs[c]), float(node.compute_s[c]), float(node.forward_comm_s[c]),
-            float(node.backward_comm_s[c]), alternatives)
+            float(node.backward_comm_s[c]), alternatives, list(partial), scatter,
+            [list(g) for g in grads])
         compute += float(node.compute_s[c])
         comm += float(node.forward_comm_s[c] + node.backward_comm_s[c])
     edges = []

@@ -29,6 +29,11 @@ class Signature:
     unshardable: list[bool] = field(default_factory=list)
     input_letters: list[list[int]] = field(default_factory=list)
     output_letters: list[list[int]] = field(default_factory=list)
+    # Inputs added to a contraction's result (biases): see rust/strategy/einsum.rs.
+    additive: list[bool] = field(default_factory=list)
+
+    def additive_flags(self) -> list[bool]:
+        return self.additive or [False] * len(self.inputs)
 
 
 class _Letters:
@@ -124,7 +129,9 @@ def _linear(node: fx.Node) -> Signature:
     if b is not None:
         tensors.append(b)
         ins.append(_broadcast_letters(L, batch + [n], _shape(b)))
-    return _einsum(L, tensors, ins, [batch + [n]])
+    sig = _einsum(L, tensors, ins, [batch + [n]])
+    sig.additive = [False, False] + ([True] if b is not None else [])
+    return sig
 
 
 def _matmul_like(node: fx.Node, a: fx.Node, b: fx.Node, bias: fx.Node | None) -> Signature:
@@ -142,7 +149,9 @@ def _matmul_like(node: fx.Node, a: fx.Node, b: fx.Node, bias: fx.Node | None) ->
     if bias is not None:
         tensors.insert(0, bias)
         ins.insert(0, _broadcast_letters(L, out, _shape(bias)))
-    return _einsum(L, tensors, ins, [out])
+    sig = _einsum(L, tensors, ins, [out])
+    sig.additive = ([True] if bias is not None else []) + [False, False]
+    return sig
 
 
 def _reduction(node: fx.Node, linear: bool) -> Signature:
@@ -221,7 +230,9 @@ def _conv(node: fx.Node) -> Signature:
     if bias is not None:
         tensors.append(bias)
         ins.append([o])
-    return _einsum(L, tensors, ins, [[b, o] + spatial_out])
+    sig = _einsum(L, tensors, ins, [[b, o] + spatial_out])
+    sig.additive = [False, False] + ([True] if bias is not None else [])
+    return sig
 
 
 def _batch_norm(node: fx.Node) -> Signature:

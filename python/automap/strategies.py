@@ -51,6 +51,9 @@ class NodeOptions:
     transient_bytes: np.ndarray  # temporaries while the node runs, forward or backward
     module_path: str = ""
     tied_to: str | None = None  # a tied parameter placeholder follows this one
+    # Per strategy: (partial axes, scatter dim or None, gradient-reduction axes
+    # per input), the collectives the node itself runs; None: no collective.
+    reductions: list | None = None
 
     def __len__(self) -> int:
         return len(self.in_specs)
@@ -207,11 +210,12 @@ def _source_options(name, outs, mesh, shard_count, state, opt_factor) -> NodeOpt
 def _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count, flops_per_s):
     flops = float(prof.fwd_flops + prof.bwd_flops) if prof is not None else 0.0
     name, op = node.name, op_family(node)
+    reductions = None  # only einsum strategies run collectives of their own
     if sig.kind == "einsum":
-        in_specs, out_specs, costs = _core.einsum_strategies(
+        in_specs, out_specs, costs, reductions = _core.einsum_strategies(
             mesh, flops_per_s, sig.letter_sizes, sig.unshardable, sig.input_letters,
             sig.output_letters, [float(i.nbytes) for i in ins], [float(o.nbytes) for o in outs],
-            grads, flops)
+            grads, sig.additive_flags(), flops)
         costs = np.frombuffer(costs, dtype=np.float64).reshape(-1, 3)
         in_specs = [tuple(s) for s in in_specs]
         out_specs = [tuple(s) for s in out_specs]
@@ -239,6 +243,7 @@ def _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count, flops_per_
         costs[:, 0].copy(), costs[:, 1].copy(), costs[:, 2].copy(),
         np.zeros(len(in_specs)), np.zeros(len(in_specs)), np.zeros(len(in_specs)),
         module_path=prof.module_path if prof is not None else "",
+        reductions=reductions,
     )
     if prof is not None:
         # Activation memory scales with how finely the node's tensors are split.

@@ -9,7 +9,8 @@
 //!   the node all-reduces them, or reduce-scatters them onto an output dim;
 //! - the gradient of an input is partial over the axes on letters that input
 //!   lacks (the batch for a weight, the output features for an activation of
-//!   a column-parallel layer): the backward all-reduces it.
+//!   a column-parallel layer): the backward all-reduces it. An additive input
+//!   (a bias) lacks contracted letters without its gradient being partial.
 
 use crate::mesh::{ring_cost_s, Collective};
 use crate::spec::ShardingSpec;
@@ -29,6 +30,10 @@ pub struct EinsumSignature {
     pub output_bytes: Vec<f64>,
     /// Whether each input's gradient is needed (float tensors that require it).
     pub input_needs_grad: Vec<bool>,
+    /// Inputs added to the result rather than multiplied into it (the bias of
+    /// a linear or a convolution): their gradient sums the output gradient
+    /// over the output letters they lack, never over contracted letters.
+    pub input_additive: Vec<bool>,
     /// Forward + backward FLOPs of the whole node.
     pub flops: f64,
 }
@@ -67,6 +72,7 @@ impl EinsumSignature {
         }
         if self.input_bytes.len() != self.inputs.len()
             || self.input_needs_grad.len() != self.inputs.len()
+            || self.input_additive.len() != self.inputs.len()
             || self.output_bytes.len() != self.outputs.len()
         {
             return Err("byte sizes and grad flags must match the operands".into());
@@ -228,18 +234,22 @@ fn price(
         .collect();
     // Input gradients partial over the axes of letters the input lacks.
     let mut backward_comm_s = 0.0;
+    let mut grad_reduce_axes = Vec::with_capacity(sig.inputs.len());
     for (i, operand) in sig.inputs.iter().enumerate() {
-        if !sig.input_needs_grad[i] {
-            continue;
+        let mut lacking: Vec<usize> = Vec::new();
+        if sig.input_needs_grad[i] {
+            let additive = sig.input_additive[i];
+            lacking = (0..per_letter.len())
+                .filter(|&l| !operand.contains(&l) && !(additive && contracted[l]))
+                .flat_map(|l| per_letter[l].iter().copied())
+                .collect();
+            lacking.sort_unstable();
         }
-        let lacking: Vec<usize> = (0..per_letter.len())
-            .filter(|l| !operand.contains(l))
-            .flat_map(|l| per_letter[l].iter().copied())
-            .collect();
         if !lacking.is_empty() {
             let local = sig.input_bytes[i] / shard_count(operand, per_letter, mesh);
             backward_comm_s += cost.collective_s(Collective::AllReduce, local, &lacking);
         }
+        grad_reduce_axes.push(lacking);
     }
     let output_local: Vec<f64> = sig
         .outputs
@@ -258,6 +268,9 @@ fn price(
         compute_s,
         forward_comm_s: all_reduce_s,
         backward_comm_s,
+        partial_axes: partial.clone(),
+        scatter_dim: None,
+        grad_reduce_axes: grad_reduce_axes.clone(),
     });
     // Or reduce-scattered onto one dim of a single output (its dual, an
     // all-gather of the output gradient, runs in the backward).
@@ -286,6 +299,9 @@ fn price(
             compute_s,
             forward_comm_s: scatter,
             backward_comm_s: backward_comm_s + gather_grad,
+            partial_axes: partial.clone(),
+            scatter_dim: Some(d),
+            grad_reduce_axes: grad_reduce_axes.clone(),
         });
     }
 }
@@ -313,6 +329,7 @@ mod tests {
             input_bytes: vec![(b * k * 4) as f64, (n * k * 4) as f64],
             output_bytes: vec![(b * n * 4) as f64],
             input_needs_grad: vec![true, true],
+            input_additive: vec![false, false],
             flops: (6 * b * k * n) as f64,
         }
     }
@@ -375,6 +392,27 @@ mod tests {
         let s = einsum_strategies(&linear(2, 16, 32), &c).unwrap();
         assert!(s.iter().all(|st| st.inputs[0].to_string() != "S01R"));
         assert!(s.iter().all(|st| st.inputs[0].to_string() != "S10R"));
+    }
+
+    #[test]
+    fn bias_gradient_is_whole_under_a_split_contraction() {
+        let c = cost(&[4]);
+        let mut sig = linear(8, 16, 32);
+        sig.inputs.push(vec![2]);
+        sig.input_bytes.push(32.0 * 4.0);
+        sig.input_needs_grad.push(true);
+        sig.input_additive.push(true);
+        let s = einsum_strategies(&sig, &c).unwrap();
+        let row = s
+            .iter()
+            .find(|st| st.inputs[1].to_string() == "RS0" && st.scatter_dim.is_none())
+            .unwrap();
+        assert_eq!(row.grad_reduce_axes, vec![vec![], vec![], vec![]]);
+        let dp = s
+            .iter()
+            .find(|st| st.inputs[0].to_string() == "S0R")
+            .unwrap();
+        assert_eq!(dp.grad_reduce_axes, vec![vec![], vec![0], vec![0]]);
     }
 
     #[test]

@@ -31,4 +31,14 @@ pub struct Strategy {
     /// Collectives in the backward (reductions of partial input gradients,
     /// the dual of a forward reduce-scatter), seconds.
     pub backward_comm_s: f64,
+    /// Mesh axes over which the outputs come out of the local op as partial
+    /// sums (sorted); the node reduces them in the forward.
+    pub partial_axes: Vec<usize>,
+    /// With partial axes: `None` all-reduces every output; `Some(d)`
+    /// reduce-scatters the single output onto its dim `d` (the partial axes
+    /// appended to that dim's axes).
+    pub scatter_dim: Option<usize>,
+    /// Per input: mesh axes over which its gradient comes out partial (the
+    /// backward all-reduces it over them); empty when none or not needed.
+    pub grad_reduce_axes: Vec<Vec<usize>>,
 }
