@@ -165,6 +165,23 @@ def test_non_power_of_two_clusters(level_sizes, bandwidths, shape):
             assert all(len(b) == 1 for b in blocks)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(2, 4), min_size=1, max_size=3), st.randoms(use_true_random=False))
+def test_any_relabelled_hierarchy_gives_one_axis_per_tier(branching, random):
+    # Levels innermost first, each at least 2x slower than the one inside it.
+    level_sizes = tuple(itertools.accumulate(branching, lambda a, b: a * b))
+    bandwidths = tuple(NVLINK / 3**k for k in range(len(branching)))
+    n = level_sizes[-1]
+    perm = random.sample(range(n), n)
+    best = Cluster(n, *hierarchy_links(level_sizes, bandwidths, perm)).candidates()[0]
+    assert best.mesh.shape == tuple(reversed(branching))
+    assert all(best.homogeneous)
+    assert best.mesh.bandwidth_bytes_per_s == tuple(reversed(bandwidths))
+    blocks = [partition([[perm[d] for d in range(s, s + size)] for s in range(0, n, size)])
+              for size in reversed(level_sizes[:-1])]
+    assert suffix_partitions(best.mesh) == blocks
+
+
 def test_uniform_cluster_prefers_the_flat_mesh():
     n = 6
     bandwidth = np.full((n, n), 50 * GB)
