@@ -2,6 +2,7 @@
 //! specs, and the layout manager (conversion search with a shared cache).
 //! Pure Rust; the Python bindings live in `python.rs` behind the `python` feature.
 
+pub mod blocks;
 pub mod enumerate;
 pub mod error;
 pub mod layout;

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyType};
 
+use crate::blocks::{self, BlockNode};
 use crate::error::AutomapError;
 use crate::layout::cache::{cache_stats, clear_layout_cache};
 use crate::layout::{heuristic, layout_context, LayoutProblem};
@@ -497,6 +498,39 @@ fn reshape_strategies(
         .collect())
 }
 
+/// Repeated blocks of a graph: per class, (container, instances as lists of
+/// node indices, corresponding nodes at equal positions).
+#[pyfunction]
+fn detect_blocks(
+    keys: Vec<String>,
+    shape_keys: Vec<String>,
+    module_paths: Vec<String>,
+    inputs: Vec<Vec<usize>>,
+) -> PyResult<Vec<(String, Vec<Vec<usize>>)>> {
+    let n = keys.len();
+    if shape_keys.len() != n || module_paths.len() != n || inputs.len() != n {
+        return Err(PyValueError::new_err(
+            "detect_blocks: the four lists must have equal lengths",
+        ));
+    }
+    let nodes: Vec<BlockNode> = keys
+        .into_iter()
+        .zip(shape_keys)
+        .zip(module_paths)
+        .zip(inputs)
+        .map(|(((key, shape_key), module_path), inputs)| BlockNode {
+            key,
+            shape_key,
+            module_path,
+            inputs,
+        })
+        .collect();
+    Ok(blocks::detect_blocks(&nodes)
+        .into_iter()
+        .map(|c| (c.container, c.instances))
+        .collect())
+}
+
 /// (cache hits, searches) of the process-wide layout cache.
 #[pyfunction]
 fn layout_cache_stats() -> (u64, u64) {
@@ -520,6 +554,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(layout_cache_stats, m)?)?;
     m.add_function(wrap_pyfunction!(einsum_strategies, m)?)?;
     m.add_function(wrap_pyfunction!(reshape_strategies, m)?)?;
+    m.add_function(wrap_pyfunction!(detect_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(py_clear_layout_cache, m)?)?;
     Ok(())
 }

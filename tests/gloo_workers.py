@@ -114,3 +114,9 @@ def check_collectives(rank: int, world: int, mesh_dict: dict) -> list[str]:
             _check_collective(failures, f"{name} axes {axes} rank {rank}", fn, x, want_y,
                               upstream, want_grad)
     return failures
+
+
+def fail_on_rank_one(rank: int, world: int) -> int:
+    if rank == 1:
+        raise ValueError("rank one fails on purpose")
+    return rank

@@ -1,6 +1,8 @@
 """automap: automatic intra-op parallelism and activation checkpointing for
 PyTorch training. See the README for the one-line API."""
 
+from automap.cluster import Cluster, Device
+from automap.detect import detect_cluster
 from automap.errors import (
     AutomapError,
     InfeasibleBudgetError,
@@ -30,6 +32,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AutomapError",
+    "Cluster",
+    "Device",
     "DeviceMesh",
     "InfeasibleBudgetError",
     "InvalidMeshError",
@@ -45,6 +49,7 @@ __all__ = [
     "TracedGraph",
     "UnsupportedOpError",
     "clear_layout_cache",
+    "detect_cluster",
     "enumerate_specs",
     "layout_cache_stats",
     "layout_path",

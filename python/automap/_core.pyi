@@ -9,6 +9,7 @@ __all__ = [
     "Mesh",
     "ShardingSpec",
     "clear_layout_cache",
+    "detect_blocks",
     "einsum_strategies",
     "enumerate_specs",
     "layout_cache_stats",
@@ -138,6 +139,12 @@ def einsum_strategies(
 def reshape_strategies(
     input_shape: Sequence[int], output_shape: Sequence[int], mesh: Any
 ) -> list[tuple[str, str]]: ...
+def detect_blocks(
+    keys: Sequence[str],
+    shape_keys: Sequence[str],
+    module_paths: Sequence[str],
+    inputs: Sequence[Sequence[int]],
+) -> list[tuple[str, list[list[int]]]]: ...
 def enumerate_specs(shape: Sequence[int], mesh: Any) -> list[ShardingSpec]: ...
 def layout_cache_stats() -> tuple[int, int]: ...
 def clear_layout_cache() -> None: ...

@@ -11,10 +11,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the parallel demo on 4 local gloo ranks")
     demo.set_defaults(run=lambda args: _demo())
-    from automap import estimate_cli, plan_cli
+    from automap import detect_cli, estimate_cli, plan_cli
 
     estimate_cli.register(sub)
     plan_cli.register(sub)
+    detect_cli.register(sub)
     args = parser.parse_args(argv)
     return int(args.run(args) or 0)
 

@@ -8,6 +8,8 @@
   An edge with one distinct spec on a side folds into the other side's costs.
 - Followers (single-input nodes) ride on their producer's choice unless
   ``merge_followers=False``: Alpa's reduction, far fewer variables.
+- Repeated blocks (TAP) share the first instance's variables, so the
+  problem does not grow with depth; boundary edges stay exact.
 - Objective: estimated step time in seconds (compute + node collectives +
   conversions, forward and backward).
 - Memory: parameters, gradients and optimizer states of the chosen shards,
@@ -116,15 +118,18 @@ def solve_ilp(
     time_limit_s: float = 60.0,
     mip_rel_gap: float = 1e-6,
     merge_followers: bool = True,
+    blocks: list | None = None,
 ) -> IlpSolution:
     """Choose one strategy per node minimising the estimated step time under
     the memory budget (None: unconstrained). ``merge_followers`` shrinks the
     problem by letting single-input nodes read their producer's output as is
-    (a restriction: exact optimality needs it off)."""
+    (a restriction: exact optimality needs it off). ``blocks`` (from
+    ``automap.blocks.detect_blocks``) ties every instance of a repeated block
+    to the first: one set of variables, costs summed over the instances."""
     start = time.perf_counter()
     b = _Builder()
     nodes = table.nodes
-    root, index = _followers(table) if merge_followers else _no_followers(table)
+    root, index = _groups(table, merge_followers, _tie_map(table, blocks or []))
     members: dict[str, list[str]] = {}
     for name in nodes:
         members.setdefault(root[name], []).append(name)
@@ -134,7 +139,7 @@ def solve_ilp(
     constant_s = 0.0
 
     # Edges first (they may fold costs into node costs).
-    edge_blocks = []
+    edge_blocks: dict[tuple, list] = {}
     for producer, o, consumer, k in table.edges():
         ru, rv = root[producer], root[consumer]
         a_specs = [nodes[producer].out_specs[i][o] for i in index[producer]]
@@ -156,7 +161,12 @@ def solve_ilp(
         elif len(ub) == 1:
             group_cost[ru] = group_cost[ru] + r[a_idx, 0]
         else:
-            edge_blocks.append((ru, a_idx, rv, b_idx, r))
+            # Tied instances repeat the same edge: one block, costs summed.
+            key = (ru, rv, a_idx.tobytes(), b_idx.tobytes())
+            if key in edge_blocks:
+                edge_blocks[key][4] += r
+            else:
+                edge_blocks[key] = [ru, a_idx, rv, b_idx, r]
 
     for r in members:
         if len(nodes[r]) > 1:
@@ -167,7 +177,7 @@ def solve_ilp(
             constant_s += float(group_cost[r][0])
 
     num_edge_vars = 0
-    for producer, a_idx, consumer, b_idx, r in edge_blocks:
+    for producer, a_idx, consumer, b_idx, r in edge_blocks.values():
         na, nb = r.shape
         ecols = b.columns(r.ravel(), integer=False)
         num_edge_vars += len(ecols)
@@ -268,21 +278,37 @@ def solve_ilp(
 _US = 1e6
 
 
-def _no_followers(table: StrategyTable) -> tuple[dict[str, str], dict[str, np.ndarray]]:
-    return ({name: name for name in table.nodes},
-            {name: np.arange(len(node)) for name, node in table.nodes.items()})
+def _tie_map(table: StrategyTable, blocks) -> dict[str, str]:
+    """Node of a later block instance -> the corresponding node of the first,
+    where both have the same strategies (same shapes, same signature)."""
+    tie: dict[str, str] = {}
+    for block in blocks:
+        first = block.instances[0]
+        for instance in block.instances[1:]:
+            for rep, name in zip(first, instance):
+                a, b = table.nodes.get(rep), table.nodes.get(name)
+                if (a is not None and b is not None and a.in_specs == b.in_specs
+                        and a.out_specs == b.out_specs):
+                    tie[name] = rep
+    return tie
 
 
-def _followers(table: StrategyTable) -> tuple[dict[str, str], dict[str, np.ndarray]]:
-    """Merge followers into their producers (Alpa's follower merging): a node
-    with one tensor input whose strategies differ only by that input's spec
-    takes the strategy that reads its producer's output as it is. Returns
-    each node's root and, per strategy of the root, the node's strategy."""
+def _groups(table: StrategyTable, merge_followers: bool, tie: dict[str, str]):
+    """Each node's root (the node whose variables decide it) and, per strategy
+    of the root, the node's strategy. Tied block nodes take their first
+    instance's; followers (Alpa's merging) take the strategy that reads their
+    producer's output as it is: a node with one tensor input whose strategies
+    differ only by that input's spec."""
     root: dict[str, str] = {}
     index: dict[str, np.ndarray] = {}
     for name, node in table.nodes.items():
         root[name], index[name] = name, np.arange(len(node))
-        if len(node) < 2 or len(node.inputs) != 1 or node.kind not in ("einsum", "view"):
+        rep = tie.get(name)
+        if rep is not None:
+            root[name], index[name] = root[rep], index[rep]
+            continue
+        if (not merge_followers or len(node) < 2 or len(node.inputs) != 1
+                or node.kind not in ("einsum", "view")):
             continue
         producer, o = node.inputs[0]
         by_spec: dict[str, int] = {}

@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
 
 
 def free_port() -> int:
@@ -66,7 +67,7 @@ def run_on_gloo(fn, world_size: int, *args, timeout_s: float = 300.0) -> list:
                         p.kill()
                     raise TimeoutError(f"{world_size} gloo processes did not finish in "
                                        f"{timeout_s:.0f} s")
-        except mp.ProcessException as e:
+        except ProcessException as e:
             errors = sorted(f for f in os.listdir(result_dir) if f.endswith(".err"))
             detail = open(os.path.join(result_dir, errors[0])).read() if errors else str(e)
             raise RuntimeError(f"rank process failed:\n{detail}") from None

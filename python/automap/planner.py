@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from automap.blocks import detect_blocks
 from automap.errors import InvalidMeshError
 from automap.ilp import solve_ilp
 from automap.layout import layout_path
@@ -33,11 +34,13 @@ def plan(
     strict: bool = False,
     time_limit_s: float = 60.0,
     merge_followers: bool = True,
+    tie_blocks: bool = True,
     verbose: bool = False,
 ) -> Plan:
     """Search the intra-op sharding plan of ``model`` on ``mesh`` that
     minimises the estimated step time within ``memory_budget_bytes`` per
-    device (None: no limit). ``loss_fn`` maps the model's output to the loss
+    device (None: no limit). Repeated blocks share one decision unless
+    ``tie_blocks=False``. ``loss_fn`` maps the model's output to the loss
     (default: ``automap.tracing.default_loss``)."""
     from automap.profiling import profile_traced
     from automap.tracing import default_loss, trace
@@ -55,19 +58,22 @@ def plan(
         print(f"automap: traced and profiled {len(traced.nodes)} nodes in {t1 - t0:.2f} s")
     return plan_traced(traced, profile, mesh, memory_budget_bytes, optimizer=optimizer,
                        flops_per_s=flops_per_s, strict=strict, time_limit_s=time_limit_s,
-                       merge_followers=merge_followers, trace_s=t1 - t0, verbose=verbose)
+                       merge_followers=merge_followers, tie_blocks=tie_blocks,
+                       trace_s=t1 - t0, verbose=verbose)
 
 
 def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 optimizer="adamw", flops_per_s=DEFAULT_FLOPS_PER_S, strict=False,
-                time_limit_s=60.0, merge_followers=True, trace_s=0.0, verbose=False) -> Plan:
+                time_limit_s=60.0, merge_followers=True, tie_blocks=True, trace_s=0.0,
+                verbose=False) -> Plan:
     """``plan`` for an already traced and profiled graph."""
     t0 = time.perf_counter()
     table = build_strategy_table(traced, profile, mesh, flops_per_s=flops_per_s,
                                  optimizer=optimizer, strict=strict)
     t1 = time.perf_counter()
+    blocks = detect_blocks(traced) if tie_blocks else []
     sol = solve_ilp(table, memory_budget_bytes, time_limit_s=time_limit_s,
-                    merge_followers=merge_followers)
+                    merge_followers=merge_followers, blocks=blocks)
     if verbose:
         print(f"automap: {sum(len(n) for n in table.nodes.values())} strategies in "
               f"{t1 - t0:.2f} s; ILP built in {sol.build_s:.2f} s, solved in {sol.solve_s:.2f} s")
@@ -115,7 +121,8 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         solver={"status": sol.status, "gap": sol.gap, "objective_s": sol.objective_s,
                 "build_s": sol.build_s, "solve_s": sol.solve_s, "trace_s": trace_s,
                 "strategies_s": t1 - t0, "binaries": sol.num_binaries,
-                "edge_variables": sol.num_edge_variables, "rows": sol.num_rows},
+                "edge_variables": sol.num_edge_variables, "rows": sol.num_rows,
+                "block_classes": [[b.container, len(b)] for b in blocks]},
         unsupported_ops={op: len(v) for op, v in table.unsupported_ops.items()},
         versions=current_versions(),
     )
