@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from gloo_workers import fail_on_rank_one
-
 from automap.launch import run_on_gloo
+from gloo_workers import fail_on_rank_one
 
 pytestmark = pytest.mark.multiprocess
 
