@@ -1,10 +1,12 @@
-"""Planning time of GPT-2 small (12 layers, seq 1024, batch 8) and medium
-(24 layers) on a 2x4 mesh: trace + profile, strategies + resharding costs
-(the ILP build), and the solve. Issue 4's targets for small: build <= 0.5 s,
-solve <= 1 s, end to end <= 5 s (the original MAP code: 46 s build + 5.4 s
-solve; meta-pytorch/autoparallel: 86 s end to end, 137 s for medium).
+"""Planning time of GPT-2 (hidden 768, seq 1024, batch 8) on a 2x4 mesh.
 
-    python benches/plan_speed.py [--layers 12 24]
+Issue 4 (GPT-2 small, 12 layers, full graph): build <= 0.5 s, solve <= 1 s,
+end to end <= 5 s (the original MAP code: 46 s build + 5.4 s solve;
+meta-pytorch/autoparallel: 86 s end to end, 137 s for medium).
+Issue 8 (depth-reduced planning, 12/24/48/96 layers): from 24 to 96 layers
+the time must grow by less than 2x.
+
+    python benches/plan_speed.py [--layers 12 24 48 96] [--full 12 24]
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import warnings
 
 import torch
 from automap import DeviceMesh
-from automap.planner import plan_traced
-from automap.profiling import profile_traced
-from automap.tracing import default_loss, trace
+from automap.planner import plan
+
+MESH = DeviceMesh((2, 4), alpha_s=[2e-5, 5e-6], bandwidth_bytes_per_s=[2.5e10, 2e11])
 
 
 def gpt2(layers: int, batch: int = 8, seq: int = 1024):
@@ -32,28 +34,36 @@ def gpt2(layers: int, batch: int = 8, seq: int = 1024):
     return model, {"input_ids": ids, "labels": ids}
 
 
+def row(label: str, layers: int, reduce_depth: bool):
+    model, inputs = gpt2(layers)
+    start = time.perf_counter()
+    p = plan(model, inputs, MESH, 40 * 2**30, reduce_depth=reduce_depth)
+    total = time.perf_counter() - start
+    s = p.solver
+    print(f"{label:10} {layers:6d} {s['trace_s']:14.2f} {s['strategies_s'] + s['build_s']:9.2f} "
+          f"{s['solve_s']:8.2f} {total:9.2f} {p.predicted_step_s * 1e3:12.3f} "
+          f"{s['binaries']:9d} {s['edge_variables']:9d}")
+    return total, p
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--layers", type=int, nargs="+", default=[12])
+    parser.add_argument("--layers", type=int, nargs="*", default=[12, 24, 48, 96])
+    parser.add_argument("--full", type=int, nargs="*", default=[12])
     args = parser.parse_args()
     logging.getLogger("transformers").setLevel(logging.ERROR)
     warnings.simplefilter("ignore")
-    mesh = DeviceMesh((2, 4), alpha_s=[2e-5, 5e-6], bandwidth_bytes_per_s=[2.5e10, 2e11])
-    print(f"{'model':14} {'trace+profile s':>16} {'strategies+ILP build s':>23} "
-          f"{'solve s':>8} {'end to end s':>13}  plan")
-    for layers in args.layers:
-        model, inputs = gpt2(layers)
-        start = time.perf_counter()
-        traced = trace(model, inputs, loss_fn=default_loss)
-        profile = profile_traced(traced)
-        traced_s = time.perf_counter() - start
-        p = plan_traced(traced, profile, mesh, 40 * 2**30, trace_s=traced_s)
-        total = time.perf_counter() - start
-        build = p.solver["strategies_s"] + p.solver["build_s"]
-        print(f"GPT-2 {layers:2d} layers {traced_s:16.2f} {build:23.2f} "
-              f"{p.solver['solve_s']:8.2f} {total:13.2f}  {p.summary()[:60]}")
-        print(f"   binaries {p.solver['binaries']}, edge variables {p.solver['edge_variables']}, "
-              f"rows {p.solver['rows']}, status {p.solver['status']}")
+    print(f"{'graph':10} {'layers':>6} {'trace+prof s':>14} {'build s':>9} {'solve s':>8} "
+          f"{'total s':>9} {'step ms':>12} {'binaries':>9} {'edge vars':>9}")
+    full = {n: row("full", n, False) for n in args.full}
+    reduced = {n: row("reduced", n, True) for n in args.layers}
+    for n in sorted(set(full) & set(reduced)):
+        a, b = full[n][1].predicted_step_s, reduced[n][1].predicted_step_s
+        print(f"{n} layers: reduced-depth plan predicts {b * 1e3:.3f} ms vs full {a * 1e3:.3f} ms "
+              f"({100 * (b / a - 1):+.2f} %)")
+    if 24 in reduced and 96 in reduced:
+        print(f"planning time 24 -> 96 layers: x{reduced[96][0] / reduced[24][0]:.2f} "
+              f"(target < 2)")
 
 
 if __name__ == "__main__":

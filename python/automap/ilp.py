@@ -119,13 +119,17 @@ def solve_ilp(
     mip_rel_gap: float = 1e-6,
     merge_followers: bool = True,
     blocks: list | None = None,
+    node_weight: dict[str, float] | None = None,
+    edge_weight: dict[tuple, float] | None = None,
 ) -> IlpSolution:
     """Choose one strategy per node minimising the estimated step time under
     the memory budget (None: unconstrained). ``merge_followers`` shrinks the
     problem by letting single-input nodes read their producer's output as is
     (a restriction: exact optimality needs it off). ``blocks`` (from
     ``automap.blocks.detect_blocks``) ties every instance of a repeated block
-    to the first: one set of variables, costs summed over the instances."""
+    to the first: one set of variables, costs summed over the instances.
+    ``node_weight`` and ``edge_weight`` say how often a node or an edge occurs
+    in the real model (depth-reduced planning, see ``automap.depth``)."""
     start = time.perf_counter()
     b = _Builder()
     nodes = table.nodes
@@ -134,7 +138,10 @@ def solve_ilp(
     for name in nodes:
         members.setdefault(root[name], []).append(name)
     # Per root, arrays over the root's strategies.
-    group_cost = {r: sum(nodes[v].time_s[index[v]] for v in vs) for r, vs in members.items()}
+    nw = node_weight or {}
+    ew = edge_weight or {}
+    group_cost = {r: sum(nodes[v].time_s[index[v]] * nw.get(v, 1.0) for v in vs)
+                  for r, vs in members.items()}
     cols: dict[str, np.ndarray] = {}
     constant_s = 0.0
 
@@ -150,6 +157,7 @@ def solve_ilp(
         ub, b_idx = np.unique(b_specs, return_inverse=True)
         info = nodes[producer].outputs[o]
         r = resharding_cost_matrix(table.mesh, list(ua), list(ub), info.shape, info.dtype_bytes)
+        r = r * ew.get((producer, o, consumer, k), 1.0)
         if not r.any():
             continue
         if ru == rv:
@@ -204,8 +212,8 @@ def solve_ilp(
     largest_fixed_temp = 0.0
     z = b.columns([0.0], integer=False, upper=highspy.kHighsInf)[0]
     for r, vs in members.items():
-        m = sum(nodes[v].persistent_bytes[index[v]] + nodes[v].saved_bytes[index[v]]
-                for v in vs)
+        m = sum((nodes[v].persistent_bytes[index[v]] + nodes[v].saved_bytes[index[v]])
+                * nw.get(v, 1.0) for v in vs)
         temp = np.max([nodes[v].transient_bytes[index[v]] for v in vs], axis=0)
         if r in cols:
             memory_coef[r] = m

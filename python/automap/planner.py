@@ -3,6 +3,7 @@ package the result as a Plan. No process group and no weights needed."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -10,6 +11,7 @@ import numpy as np
 from torch import nn
 
 from automap.blocks import detect_blocks
+from automap.depth import multiplicities, reduced_depth
 from automap.errors import InvalidMeshError
 from automap.ilp import solve_ilp
 from automap.layout import layout_path
@@ -35,6 +37,7 @@ def plan(
     time_limit_s: float = 60.0,
     merge_followers: bool = True,
     tie_blocks: bool = True,
+    reduce_depth: bool = False,
     verbose: bool = False,
 ) -> Plan:
     """Search the intra-op sharding plan of ``model`` on ``mesh`` that
@@ -51,29 +54,32 @@ def plan(
         mesh = DeviceMesh(mesh)
     t0 = time.perf_counter()
     # Plans cover the whole training step, so the graph ends in the loss.
-    traced = trace(model, example_inputs, loss_fn=loss_fn or default_loss)
-    profile = profile_traced(traced, optimizer)
+    with reduced_depth(model) if reduce_depth else contextlib.nullcontext([]) as stacks:
+        traced = trace(model, example_inputs, loss_fn=loss_fn or default_loss)
+        profile = profile_traced(traced, optimizer)
     t1 = time.perf_counter()
     if verbose:
         print(f"automap: traced and profiled {len(traced.nodes)} nodes in {t1 - t0:.2f} s")
     return plan_traced(traced, profile, mesh, memory_budget_bytes, optimizer=optimizer,
                        flops_per_s=flops_per_s, strict=strict, time_limit_s=time_limit_s,
-                       merge_followers=merge_followers, tie_blocks=tie_blocks,
-                       trace_s=t1 - t0, verbose=verbose)
+                       merge_followers=merge_followers, tie_blocks=tie_blocks or bool(stacks),
+                       stacks=stacks, trace_s=t1 - t0, verbose=verbose)
 
 
 def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 optimizer="adamw", flops_per_s=DEFAULT_FLOPS_PER_S, strict=False,
-                time_limit_s=60.0, merge_followers=True, tie_blocks=True, trace_s=0.0,
-                verbose=False) -> Plan:
+                time_limit_s=60.0, merge_followers=True, tie_blocks=True, stacks=(),
+                trace_s=0.0, verbose=False) -> Plan:
     """``plan`` for an already traced and profiled graph."""
     t0 = time.perf_counter()
     table = build_strategy_table(traced, profile, mesh, flops_per_s=flops_per_s,
                                  optimizer=optimizer, strict=strict)
     t1 = time.perf_counter()
     blocks = detect_blocks(traced) if tie_blocks else []
+    node_weight, edge_weight = multiplicities(blocks, list(stacks), list(table.edges()))
     sol = solve_ilp(table, memory_budget_bytes, time_limit_s=time_limit_s,
-                    merge_followers=merge_followers, blocks=blocks)
+                    merge_followers=merge_followers, blocks=blocks, node_weight=node_weight,
+                    edge_weight=edge_weight)
     if verbose:
         print(f"automap: {sum(len(n) for n in table.nodes.values())} strategies in "
               f"{t1 - t0:.2f} s; ILP built in {sol.build_s:.2f} s, solved in {sol.solve_s:.2f} s")
@@ -95,8 +101,9 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
             list(node.out_specs[c]), float(node.compute_s[c]), float(node.forward_comm_s[c]),
             float(node.backward_comm_s[c]), alternatives, list(partial), scatter,
             [list(g) for g in grads])
-        compute += float(node.compute_s[c])
-        comm += float(node.forward_comm_s[c] + node.backward_comm_s[c])
+        weight = node_weight.get(name, 1.0)
+        compute += weight * float(node.compute_s[c])
+        comm += weight * float(node.forward_comm_s[c] + node.backward_comm_s[c])
     edges = []
     for producer, o, consumer, k in table.edges():
         src = nodes[producer].outputs[o]
@@ -105,7 +112,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         path = layout_path(mesh, src, dst, info.shape, info.dtype_bytes)
         edges.append(EdgePlan(producer, o, consumer, k, src, dst, list(info.shape),
                               info.dtype_bytes, [repr(s) for s in path.steps], path.cost_s))
-        comm += path.cost_s
+        comm += edge_weight.get((producer, o, consumer, k), 1.0) * path.cost_s
     return Plan(
         mesh=mesh,
         nodes=nodes,
@@ -122,7 +129,8 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 "build_s": sol.build_s, "solve_s": sol.solve_s, "trace_s": trace_s,
                 "strategies_s": t1 - t0, "binaries": sol.num_binaries,
                 "edge_variables": sol.num_edge_variables, "rows": sol.num_rows,
-                "block_classes": [[b.container, len(b)] for b in blocks]},
+                "block_classes": [[b.container, len(b)] for b in blocks],
+                "reduced_depth": [[s.path, s.depth, s.kept] for s in stacks]},
         unsupported_ops={op: len(v) for op, v in table.unsupported_ops.items()},
         versions=current_versions(),
     )
