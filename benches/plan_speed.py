@@ -17,6 +17,7 @@ import time
 import warnings
 
 import torch
+
 from automap import DeviceMesh
 from automap.planner import plan
 

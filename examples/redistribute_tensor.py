@@ -7,9 +7,10 @@ mesh axis 0, replicated over axis 1) and converts it to RS01 (columns split
 over both axes) along the cheapest path the layout manager finds.
 """
 
-import automap
 import torch
 import torch.distributed as dist
+
+import automap
 from automap.redistribute import redistribute
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import torch
+
 from automap import DeviceMesh, enumerate_specs, layout_cache_stats, layout_path
 from automap.redistribute import redistribute
 

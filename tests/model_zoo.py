@@ -17,12 +17,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from automap import hf_compat
-from automap.profiling import OPTIMIZERS
-from automap.tracing import default_loss, split_inputs
 from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
+
+from automap import hf_compat
+from automap.profiling import OPTIMIZERS
+from automap.tracing import default_loss, split_inputs
 
 BATCH, SEQ, HIDDEN, LAYERS, HEADS, VOCAB = 4, 16, 64, 2, 4, 256
 

@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+
 from automap import DeviceMesh
 from automap.blocks import detect_blocks
 from automap.depth import reduced_depth, repeated_stacks

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+
 from automap import DeviceMesh, InvalidMeshError
 from automap.cluster import Cluster, Device
 from automap.topology import GroupLink

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+
 from automap import DeviceMesh
 from automap.launch import run_on_gloo
 from gloo_workers import check_collectives

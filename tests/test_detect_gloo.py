@@ -10,12 +10,13 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from automap import AutomapError, detect_cli
 from automap.cluster import Cluster
 from automap.detect import bus_bandwidth, detect_cluster, fit_alpha_bandwidth, round_robin
 from automap.launch import run_on_gloo
-from hypothesis import given
-from hypothesis import strategies as st
 
 # Small enough for 8 processes on 2 cores, large enough to show the bandwidth.
 SIZES_BYTES = (8, 4096, 1 << 20, 4 << 20)

@@ -8,6 +8,7 @@ import random
 
 import numpy as np
 import pytest
+
 from automap import DeviceMesh, InfeasibleBudgetError, enumerate_specs, layout_path
 from automap.ilp import solve_ilp
 from automap.strategies import NodeOptions, StrategyTable, TensorInfo

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from automap.launch import run_on_gloo
 from gloo_workers import fail_on_rank_one
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 import sys
 
-import automap
 import numpy as np
 import pytest
+
+import automap
 from automap import DeviceMesh, InvalidSpecError, ShardingSpec, enumerate_specs, layout_path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benches"))

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import warnings
 
-import automap
 import pytest
 import torch
+
+import automap
 from automap import DeviceMesh, InfeasibleBudgetError, StalePlanError, UnsupportedOpError
 from automap.plan import Plan
 from automap.planner import plan

@@ -7,14 +7,15 @@ from __future__ import annotations
 import argparse
 import json
 
-import model_zoo
 import pytest
 import torch
+from torch import nn
+
+import model_zoo
 from automap import estimate_cli
 from automap.errors import AutomapError, TraceError
 from automap.profiling import BACKWARD, FORWARD, profile, profile_traced
 from automap.tracing import TracedGraph, trace
-from torch import nn
 
 F32 = 4
 

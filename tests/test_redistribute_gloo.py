@@ -7,6 +7,7 @@ processes per world size."""
 from __future__ import annotations
 
 import pytest
+
 from automap import DeviceMesh
 from automap.launch import run_on_gloo
 from gloo_workers import check_all_conversions

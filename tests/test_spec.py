@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 import pickle
 
-import automap
 import pytest
-from automap import DeviceMesh, InvalidSpecError, ShardingSpec
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import automap
+from automap import DeviceMesh, InvalidSpecError, ShardingSpec
 
 
 @st.composite
@@ -113,8 +114,9 @@ def test_enumerate_specs_counts():
 
 
 def test_dtensor_placements():
-    from automap.spec import to_dtensor_placements
     from torch.distributed.tensor import Replicate, Shard
+
+    from automap.spec import to_dtensor_placements
 
     assert to_dtensor_placements(ShardingSpec.parse("S01R"), 3) == [Shard(0), Shard(0), Replicate()]
     assert to_dtensor_placements(ShardingSpec.parse("RS1"), 2) == [Replicate(), Shard(1)]

@@ -9,10 +9,11 @@ import time
 
 import numpy as np
 import pytest
-from automap.cluster import Cluster
-from automap.topology import DEFAULT_REL_TOL, cluster_values, factorizations, fit_tiers
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from automap.cluster import Cluster
+from automap.topology import DEFAULT_REL_TOL, cluster_values, factorizations, fit_tiers
 
 GB = 1e9
 NVLINK, PCIE, CROSS_NUMA = 200 * GB, 20 * GB, 10 * GB

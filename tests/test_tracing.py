@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import model_zoo
 import pytest
 import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
+
+import model_zoo
 from automap import hf_compat
 from automap.errors import TraceError
 from automap.tracing import default_loss, normalize_module_path, trace
-from torch import nn
-from torch._subclasses.fake_tensor import FakeTensor
 
 
 def _ops(traced) -> list[str]:

@@ -206,7 +206,10 @@ def solve_ilp(
             b.entries(rows, cols[root[name]], 1.0)
             b.entries(rows, cols[root[node.tied_to]], -1.0)
 
-    # Memory: persistent + saved + the largest temporary.
+    # Memory: persistent + saved + the largest temporary, in units of the
+    # budget: raw byte counts next to one-hot coefficients of 1 exceed
+    # HiGHS's numerical range on large models.
+    mem_unit = float(memory_budget_bytes) if memory_budget_bytes else 1.0
     memory_coef: dict[str, np.ndarray] = {}
     memory_const = 0.0
     largest_fixed_temp = 0.0
@@ -217,26 +220,26 @@ def solve_ilp(
         temp = np.max([nodes[v].transient_bytes[index[v]] for v in vs], axis=0)
         if r in cols:
             memory_coef[r] = m
-            if temp.any():
+            if temp.any() and memory_budget_bytes is not None:
                 row = b.rows(0.0, highspy.kHighsInf)
                 b.entries([row[0]], [z], 1.0)
-                b.entries(np.repeat(row, len(temp)), cols[r], -temp)
+                b.entries(np.repeat(row, len(temp)), cols[r], -temp / mem_unit)
         else:
             memory_const += float(m[0])
             largest_fixed_temp = max(largest_fixed_temp, float(temp[0]))
     memory_row = None
     if memory_budget_bytes is not None:
         memory_row = b.rows(-highspy.kHighsInf,
-                            float(memory_budget_bytes) - memory_const)[0]
+                            (float(memory_budget_bytes) - memory_const) / mem_unit)[0]
         for r, coef in memory_coef.items():
-            b.entries(np.full(len(coef), memory_row), cols[r], coef)
+            b.entries(np.full(len(coef), memory_row), cols[r], coef / mem_unit)
         b.entries([memory_row], [z], 1.0)
     lp = b.lp()
     # Costs in microseconds: HiGHS's tolerances are absolute, step times small.
     lp.col_cost_ = np.asarray(lp.col_cost_) * _US
     # The largest temporary is at least that of any node without a choice.
     lower = np.asarray(lp.col_lower_)
-    lower[z] = largest_fixed_temp
+    lower[z] = largest_fixed_temp / mem_unit  # z is in budget units, like the memory row
     lp.col_lower_ = lower
     build_s = time.perf_counter() - start
 
@@ -248,14 +251,15 @@ def solve_ilp(
     info = h.getInfo()
     has_solution = info.primal_solution_status == 2  # feasible
     if status == highspy.HighsModelStatus.kInfeasible:
-        smallest = _smallest_feasible_budget(b, lp, cols, memory_coef, z, memory_const,
+        smallest = _smallest_feasible_budget(lp, cols, memory_coef, z, memory_const, mem_unit,
                                              time_limit_s)
+        known = np.isfinite(smallest)
         raise InfeasibleBudgetError(
             f"no plan fits a memory budget of {memory_budget_bytes:.4g} bytes per device; "
-            f"the smallest feasible budget is about {smallest:.4g} bytes "
-            f"({smallest / 2**30:.3f} GiB). Raise the budget, use a larger mesh, or enable "
-            f"activation checkpointing.",
-            smallest_feasible_budget_bytes=int(np.ceil(smallest)),
+            + (f"the smallest feasible budget is about {smallest:.4g} bytes "
+               f"({smallest / 2**30:.3f} GiB). " if known else "")
+            + "Raise the budget, use a larger mesh, or enable activation checkpointing.",
+            smallest_feasible_budget_bytes=int(np.ceil(smallest)) if known else None,
         )
     if not has_solution:
         raise SolverTimeLimitError(
@@ -343,11 +347,12 @@ def _highs(time_limit_s: float, mip_rel_gap: float) -> highspy.Highs:
     return h
 
 
-def _smallest_feasible_budget(b, lp, cols, memory_coef, z, memory_const, time_limit_s) -> float:
+def _smallest_feasible_budget(lp, cols, memory_coef, z, memory_const, mem_unit,
+                              time_limit_s) -> float:
     """Minimum of the memory expression over all plans (the memory row dropped)."""
     cost = np.zeros(lp.num_col_)
     for name, coef in memory_coef.items():
-        cost[cols[name]] = coef
+        cost[cols[name]] = coef / mem_unit
     cost[z] = 1.0
     lp.col_cost_ = cost
     upper, lower = np.asarray(lp.row_upper_), np.asarray(lp.row_lower_)
@@ -356,4 +361,6 @@ def _smallest_feasible_budget(b, lp, cols, memory_coef, z, memory_const, time_li
     h = _highs(time_limit_s, 1e-6)
     h.passModel(lp)
     h.run()
-    return float(h.getInfo().objective_function_value) + memory_const
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return float("nan")
+    return float(h.getInfo().objective_function_value) * mem_unit + memory_const
