@@ -79,3 +79,38 @@ def test_reduced_depth_only_cuts_uniform_stacks():
         assert len(model.same) == 2 and len(model.mixed) == 3
         assert [(s.path, s.depth, s.kept) for s in stacks] == [("same", 4, 2)]
     assert len(model.same) == 4
+
+
+@pytest.mark.parametrize("family", ["t5", "bart"])
+def test_encoder_decoder_models_get_two_block_classes(family):
+    from transformers import (
+        BartConfig,
+        BartForConditionalGeneration,
+        T5Config,
+        T5ForConditionalGeneration,
+    )
+
+    warnings.simplefilter("ignore")
+    if family == "t5":
+        config = T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=3,
+                          num_decoder_layers=3, num_heads=4, decoder_start_token_id=0,
+                          pad_token_id=0)
+        cls, containers = T5ForConditionalGeneration, ["encoder.block", "decoder.block"]
+    else:
+        config = BartConfig(vocab_size=128, d_model=64, encoder_layers=3, decoder_layers=3,
+                            encoder_attention_heads=4, decoder_attention_heads=4,
+                            encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64,
+                            decoder_start_token_id=2, pad_token_id=1)
+        cls = BartForConditionalGeneration
+        containers = ["model.encoder.layers", "model.decoder.layers"]
+    with torch.device("meta"):
+        model = cls(config)
+        ids = torch.randint(3, 128, (4, 16))
+    inputs = {"input_ids": ids, "labels": ids}
+    classes = detect_blocks(trace(model, inputs, loss_fn=default_loss))
+    assert [c.container for c in classes] == containers
+    # T5's first layer of each stack carries the relative position bias: it stands alone.
+    assert [len(c) for c in classes] == ([2, 2] if family == "t5" else [3, 3])
+    p = plan(model, inputs, MESH)
+    assert p.solver["status"] == "Optimal"
+    assert [c for c, _ in p.solver["block_classes"]] == containers
