@@ -7,6 +7,7 @@ pub mod enumerate;
 pub mod error;
 pub mod layout;
 pub mod mesh;
+pub mod rotor;
 pub mod spec;
 pub mod strategy;
 

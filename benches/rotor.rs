@@ -1,0 +1,88 @@
+//! Criterion benches of the rotor checkpointing solver (issue 6, acceptance
+//! 4): L stages, M memory slots. Targets: <= 20 ms for L=100/M=500 and
+//! <= 2 s for L=400/M=500 (the original MAP C solver: 2.3 s and 117 s).
+//! The budget sits between the least feasible budget and the peak of saving
+//! everything, so that the schedule has to recompute.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use automap::rotor::{min_budget_bytes, simulate, solve, solve_with_threads, Chain, Op, Stage};
+use criterion::{criterion_group, criterion_main, Criterion};
+
+/// A fixed pseudo-random chain (xorshift, no extra dependency) with the
+/// spread of a transformer-like network: activations of 8-64 MiB, saved sets
+/// 2-5x larger, milliseconds of compute, collectives on one stage in three.
+pub fn bench_chain(len: usize) -> Chain {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ len as u64;
+    let mut next = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    const MIB: u64 = 1 << 20;
+    let stages = (0..len)
+        .map(|k| {
+            let out = (8 + next(57)) * MIB;
+            let fwd = 1e-3 * (1.0 + next(40) as f64 / 10.0);
+            let comm = k % 3 == 0;
+            Stage {
+                fwd_compute_s: fwd,
+                fwd_comm_s: if comm { 2e-4 } else { 0.0 },
+                bwd_compute_s: 2.0 * fwd,
+                bwd_comm_s: if comm { 2e-4 } else { 0.0 },
+                fwd_tmp_bytes: next(8) * MIB,
+                fwd_comm_tmp_bytes: if comm { out / 2 } else { 0 },
+                bwd_tmp_bytes: out,
+                bwd_comm_tmp_bytes: if comm { out / 2 } else { 0 },
+                out_bytes: out,
+                saved_bytes: out * (2 + next(4)),
+                out_grad_bytes: out,
+            }
+        })
+        .collect();
+    Chain::new(stages, 32 * MIB, 0).unwrap()
+}
+
+/// A budget 40 % of the way from the least feasible one to saving everything.
+pub fn bench_budget(chain: &Chain) -> u64 {
+    let l = chain.len();
+    let store_all: Vec<Op> = (0..l)
+        .map(Op::ForwardSaveAll)
+        .chain((0..l).rev().map(Op::Backward))
+        .collect();
+    let max = simulate(chain, &store_all).unwrap().peak_memory_bytes;
+    let min = min_budget_bytes(chain);
+    min + (max - min) * 2 / 5
+}
+
+fn bench_rotor(c: &mut Criterion) {
+    let mut group = c.benchmark_group("rotor");
+    group.sample_size(10);
+    for (len, slots) in [(100, 500), (400, 500)] {
+        let chain = bench_chain(len);
+        let budget = bench_budget(&chain);
+        let sch = solve(&chain, budget, slots).unwrap();
+        eprintln!(
+            "L={len} M={slots}: budget {:.2} GiB, peak {:.2} GiB, {:.4} s ({:.1} % recompute)",
+            budget as f64 / (1u64 << 30) as f64,
+            sch.peak_memory_bytes as f64 / (1u64 << 30) as f64,
+            sch.predicted_time_s,
+            100.0 * sch.recompute_time_s() / sch.no_recompute_time_s
+        );
+        if len >= 400 {
+            group.measurement_time(Duration::from_secs(20));
+        }
+        group.bench_function(format!("solve L={len} M={slots}"), |b| {
+            b.iter(|| black_box(solve(&chain, budget, slots).unwrap()))
+        });
+        group.bench_function(format!("solve L={len} M={slots} 1 thread"), |b| {
+            b.iter(|| black_box(solve_with_threads(&chain, budget, slots, 1).unwrap()))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_rotor);
+criterion_main!(benches);

@@ -1,0 +1,397 @@
+//! The dynamic-programming table of Theorem 5.1 and the recovery of the
+//! optimal schedule from it.
+//!
+//! `C(s, t, m)` is the least time to run sub-chain `(s, t)` — from its input
+//! `a_s` (held outside) and `δ_{t+1}` to `δ_s` — within `m` slots, counting
+//! `δ_{t+1}` and everything the sub-chain creates but not `a_s`:
+//!
+//! ```text
+//! C(s, t, m) = min( C_all, min_{j = s+1..=t} C_ck(j) )
+//! C_all      = fwd_s + bwd_s + C(s+1, t, m - ā_s)          [C(s+1, s, ·) = 0]
+//!              if m >= max(δ_{t+1} + ā_s + o_f,  ā_s + δ_{s+1} + δ_s + o_b)
+//! C_ck(j)    = Σ_{k=s}^{j-1} fwd_k + C(j, t, m - a_j) + C(s, j-1, m)
+//!              if m >= δ_{t+1} + max(a_{s+1} + o_f^s, max_{s<k<j} a_k + a_{k+1} + o_f^k)
+//! ```
+//!
+//! (fwd = u_f + u_fcomm, bwd = u_b + u_bcomm, o_f and o_b include the
+//! communication buffers; ā_s is the saved set of stage s.) The forward sweep
+//! of `C_ck(j)` is checked for its own `j`, not only for `j = t` as in the
+//! paper's `m_∅`, and the `C_all` backward for its own temporaries, which the
+//! paper's `m_all` misses.
+//!
+//! # Layout
+//!
+//! Cells are the `L (L+1) / 2` sub-chains, by length then start (see
+//! `Cells`). Row `(s, t)` stores `C(s, t, m)` for `m` from the least feasible
+//! memory `lo(s, t)` (from `min_memory`, so no row holds an infinity) to the
+//! top budget, as `f32`. Choices are not stored: recovery recomputes the few
+//! cells it visits with bit-identical arithmetic, so the table is 4 bytes a
+//! cell instead of the 12 (f64 + int) of a dense `L x L x M` table.
+//!
+//! `f32` keeps 24 bits of mantissa: the values are sums of at most a few
+//! `L^2` non-negative terms, so their relative error stays below ~1e-5 for
+//! the chain lengths the solver can afford — far below the accuracy of the
+//! profiled times. Near-ties may be broken either way; the reported time is
+//! recomputed in f64 by replaying the schedule.
+//!
+//! # Work and parallelism
+//!
+//! Each `C_ck(j)` term is a whole row operation over `m` (two shifted rows
+//! added to a constant, min-ed into the output): contiguous, branch-free and
+//! vectorised (AVX when the CPU has it, chosen at run time). Cells of one
+//! length are independent and are split over threads (`std::thread::scope`)
+//! when the length's work is large enough to repay a spawn.
+
+use super::schedule::{CheckpointBlock, Op};
+use super::sizes::{Cells, Sizes};
+
+/// Least work (inner-loop element updates) of one cell length before it is
+/// split over threads: a spawn costs some tens of microseconds, this much
+/// work some hundreds.
+pub(crate) const PAR_MIN_WORK: usize = 1 << 20;
+
+pub(crate) struct Table {
+    cells: Cells,
+    sz: Sizes,
+    /// Top memory in slots (the budget minus the chain input).
+    mmax: usize,
+    lo: Vec<usize>,
+    row_start: Vec<usize>,
+    values: Vec<f32>,
+    /// Per stage: forward seconds (f64, summed in f64 then rounded to f32).
+    fwd_s: Vec<f64>,
+    /// Per stage: (forward + backward seconds) as f32.
+    fb_s: Vec<f32>,
+}
+
+/// The option a cell takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Choice {
+    /// `ForwardSaveAll(s)`, then `(s+1, t)`, then `Backward(s)`.
+    SaveAll,
+    /// Checkpoint `a_s`, sweep to `a_j`, `(j, t)`, then `(s, j-1)`.
+    Checkpoint(usize),
+}
+
+impl Table {
+    /// Fill the table for sizes in slots, with `mmax` slots at the top;
+    /// `min_mem` is `min_memory` of the same sizes.
+    pub fn build(
+        sz: Sizes,
+        min_mem: &[u64],
+        fwd_s: Vec<f64>,
+        bwd_s: &[f64],
+        mmax: usize,
+        threads: usize,
+        par_min_work: usize,
+    ) -> Table {
+        let l = sz.len();
+        let cells = Cells::new(l);
+        let lo: Vec<usize> = min_mem
+            .iter()
+            .map(|&v| v.min(usize::MAX as u64 / 2) as usize)
+            .collect();
+        let mut row_start = Vec::with_capacity(cells.count() + 1);
+        let mut acc = 0usize;
+        for &lo_c in &lo {
+            row_start.push(acc);
+            acc += (mmax + 1).saturating_sub(lo_c);
+        }
+        row_start.push(acc);
+        let fb_s = fwd_s
+            .iter()
+            .zip(bwd_s)
+            .map(|(f, b)| (f + b) as f32)
+            .collect();
+        let mut table = Table {
+            cells,
+            sz,
+            mmax,
+            lo,
+            row_start,
+            values: vec![f32::INFINITY; acc],
+            fwd_s,
+            fb_s,
+        };
+        table.fill(threads.max(1), par_min_work);
+        table
+    }
+
+    fn fill(&mut self, threads: usize, par_min_work: usize) {
+        let avx = has_avx();
+        let mut values = std::mem::take(&mut self.values);
+        let this = &*self;
+        for d in 0..this.sz.len() {
+            let range = this.cells.diagonal(d);
+            let (first, end) = (range.start, range.end);
+            let base = this.row_start[first];
+            let (done, rest) = values.split_at_mut(base);
+            let cur = &mut rest[..this.row_start[end] - base];
+            let work = (this.row_start[end] - base) * (d + 1);
+            let n = if work >= par_min_work { threads } else { 1 };
+            if n == 1 {
+                this.fill_cells(d, first, end, cur, done, avx);
+                continue;
+            }
+            // Split the cells into n runs of about equal row length.
+            let per = cur.len().div_ceil(n);
+            let done = &*done;
+            std::thread::scope(|scope| {
+                let mut cur = cur;
+                let mut c = first;
+                while c < end {
+                    let mut e = c + 1;
+                    while e < end && this.row_start[e] - this.row_start[c] < per {
+                        e += 1;
+                    }
+                    let (mine, others) = cur.split_at_mut(this.row_start[e] - this.row_start[c]);
+                    cur = others;
+                    let (cc, ee) = (c, e);
+                    scope.spawn(move || this.fill_cells(d, cc, ee, mine, done, avx));
+                    c = e;
+                }
+            });
+        }
+        self.values = values;
+    }
+
+    /// Fill cells `first..end` (of one length) into `out`, their rows laid
+    /// end to end; shorter cells are read from `done`.
+    fn fill_cells(
+        &self,
+        d: usize,
+        first: usize,
+        end: usize,
+        out: &mut [f32],
+        done: &[f32],
+        avx: bool,
+    ) {
+        let base = self.row_start[first];
+        let diag_start = self.cells.diagonal(d).start;
+        for c in first..end {
+            let row = &mut out[self.row_start[c] - base..self.row_start[c + 1] - base];
+            let s = c - diag_start;
+            self.fill_cell(s, s + d, row, done, avx);
+        }
+    }
+
+    fn row(&self, c: usize) -> &[f32] {
+        &self.values[self.row_start[c]..self.row_start[c + 1]]
+    }
+
+    fn fill_cell(&self, s: usize, t: usize, row: &mut [f32], done: &[f32], avx: bool) {
+        if row.is_empty() {
+            return;
+        }
+        let sz = &self.sz;
+        let mmax = self.mmax;
+        let lo = self.lo[self.cells.index(s, t)];
+        let rd = |c: usize| &done[self.row_start[c]..self.row_start[c + 1]];
+
+        // Save all of stage s.
+        let thr = self.save_all_threshold(s, t);
+        if thr <= mmax {
+            let out = &mut row[thr - lo..];
+            let fb = self.fb_s[s];
+            if s == t {
+                out.fill(fb);
+            } else {
+                let sub = self.cells.index(s + 1, t);
+                let src = &rd(sub)[thr - sz.saved[s] as usize - self.lo[sub]..];
+                for (o, &x) in out.iter_mut().zip(src) {
+                    *o = fb + x;
+                }
+            }
+        }
+
+        // Checkpoint a_s and sweep to a_j.
+        let mut fwd = 0.0f64;
+        let mut sweep = 0u64;
+        for j in s + 1..=t {
+            fwd += self.fwd_s[j - 1];
+            sweep = sweep.max(sz.sweep_fwd_req(s, j - 1, t));
+            if sweep > mmax as u64 {
+                break;
+            }
+            let (right, left) = (self.cells.index(j, t), self.cells.index(s, j - 1));
+            let aj = sz.act[j] as usize;
+            let m0 = (sweep as usize).max(self.lo[right] + aj).max(self.lo[left]);
+            if m0 > mmax {
+                continue;
+            }
+            let n = mmax + 1 - m0;
+            let out = &mut row[m0 - lo..][..n];
+            let r = &rd(right)[m0 - aj - self.lo[right]..][..n];
+            let l = &rd(left)[m0 - self.lo[left]..][..n];
+            relax(out, r, l, fwd as f32, avx);
+        }
+    }
+
+    /// Least `m` at which the save-all option of (s, t) is feasible.
+    fn save_all_threshold(&self, s: usize, t: usize) -> usize {
+        let sz = &self.sz;
+        let mut thr = sz.save_all_req(s, t).max(sz.bwd_req(s)) as usize;
+        if s < t {
+            thr = thr.max(sz.saved[s] as usize + self.lo[self.cells.index(s + 1, t)]);
+        }
+        thr
+    }
+
+    /// `C(s, t, m)`, infinite when infeasible.
+    pub fn value(&self, s: usize, t: usize, m: usize) -> f32 {
+        let c = self.cells.index(s, t);
+        if m < self.lo[c] || m > self.mmax {
+            return f32::INFINITY;
+        }
+        self.row(c)[m - self.lo[c]]
+    }
+
+    /// The least `m <= mmax` with `C(0, L-1, m) == C(0, L-1, mmax)`: the
+    /// optimal time with the least memory (rows are non-increasing in m).
+    pub fn least_memory_for_best(&self) -> Option<usize> {
+        let l = self.sz.len();
+        let c = self.cells.index(0, l - 1);
+        let row = self.row(c);
+        let best = *row.last()?;
+        let k = row.iter().position(|&v| v == best)?;
+        Some(self.lo[c] + k)
+    }
+
+    /// Recompute the choice of cell (s, t) at m: the first option whose value
+    /// (same arithmetic as `fill_cell`) equals the table's.
+    fn choice(&self, s: usize, t: usize, m: usize) -> Choice {
+        let sz = &self.sz;
+        let target = self.value(s, t, m);
+        debug_assert!(target.is_finite());
+        if self.save_all_threshold(s, t) <= m {
+            let v = if s == t {
+                self.fb_s[s]
+            } else {
+                self.fb_s[s] + self.value(s + 1, t, m - sz.saved[s] as usize)
+            };
+            if v == target {
+                return Choice::SaveAll;
+            }
+        }
+        let mut fwd = 0.0f64;
+        let mut sweep = 0u64;
+        let mut best = (f32::INFINITY, s + 1);
+        for j in s + 1..=t {
+            fwd += self.fwd_s[j - 1];
+            sweep = sweep.max(sz.sweep_fwd_req(s, j - 1, t));
+            if sweep > m as u64 {
+                break;
+            }
+            let aj = sz.act[j] as usize;
+            if m < aj {
+                continue;
+            }
+            let v = fwd as f32 + self.value(j, t, m - aj) + self.value(s, j - 1, m);
+            if v == target {
+                return Choice::Checkpoint(j);
+            }
+            if v < best.0 {
+                best = (v, j);
+            }
+        }
+        // Unreachable with bit-identical arithmetic; fall back to the best.
+        debug_assert!(false, "no option reproduces C({s}, {t}, {m})");
+        Choice::Checkpoint(best.1)
+    }
+
+    /// Emit the schedule of (s, t) at m into `out`, with `held` slots held
+    /// outside the sub-chain; `blocks` receives this nesting level's blocks.
+    pub fn recover(
+        &self,
+        (s, t, m): (usize, usize, usize),
+        held: u64,
+        out: &mut Recovered,
+        blocks: &mut Vec<CheckpointBlock>,
+    ) {
+        let sz = &self.sz;
+        match self.choice(s, t, m) {
+            Choice::SaveAll => {
+                out.ops.push(Op::ForwardSaveAll(s));
+                out.claim(held + sz.save_all_req(s, t));
+                if s < t {
+                    let saved = sz.saved[s];
+                    self.recover((s + 1, t, m - saved as usize), held + saved, out, blocks);
+                }
+                out.ops.push(Op::Backward(s));
+                out.claim(held + sz.bwd_req(s));
+            }
+            Choice::Checkpoint(j) => {
+                out.ops.push(Op::ForwardCheckpoint(s));
+                out.ops.extend((s + 1..j).map(Op::ForwardNoSave));
+                for k in s..j {
+                    out.claim(held + sz.sweep_fwd_req(s, k, t));
+                }
+                let aj = sz.act[j];
+                let at = blocks.len();
+                self.recover((j, t, m - aj as usize), held + aj, out, blocks);
+                let mut children = Vec::new();
+                self.recover((s, j - 1, m), held, out, &mut children);
+                blocks.insert(
+                    at,
+                    CheckpointBlock {
+                        start_stage: s,
+                        end_stage: j - 1,
+                        children,
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// The ops of a recovered schedule and the peak (in slots) that the
+/// recurrence's memory conditions claim for it.
+#[derive(Debug, Default)]
+pub(crate) struct Recovered {
+    pub ops: Vec<Op>,
+    pub claimed_peak: u64,
+}
+
+impl Recovered {
+    fn claim(&mut self, mem: u64) {
+        self.claimed_peak = self.claimed_peak.max(mem);
+    }
+}
+
+/// `out[i] = min(out[i], c + a[i] + b[i])`, the inner loop of the table.
+#[inline(always)]
+fn relax_generic(out: &mut [f32], a: &[f32], b: &[f32], c: f32) {
+    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+        let v = c + x + y;
+        *o = if v < *o { v } else { *o };
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+fn relax_avx(out: &mut [f32], a: &[f32], b: &[f32], c: f32) {
+    relax_generic(out, a, b, c)
+}
+
+#[inline]
+fn relax(out: &mut [f32], a: &[f32], b: &[f32], c: f32, avx: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if avx {
+        // SAFETY: `avx` is true only when the CPU supports AVX (`has_avx`).
+        unsafe { relax_avx(out, a, b, c) };
+        return;
+    }
+    let _ = avx;
+    relax_generic(out, a, b, c)
+}
+
+fn has_avx() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
