@@ -1,6 +1,9 @@
 import os
 import sys
 
-# Spawned gloo workers import helpers from this folder by module name.
-sys.path.insert(0, os.path.dirname(__file__))
+here = os.path.dirname(__file__)
+# Spawned gloo workers import helpers from this folder by module name; some
+# tests check what the benches print (benches/ holds their model builders).
+sys.path.insert(0, here)
+sys.path.insert(1, os.path.join(here, "..", "benches"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")

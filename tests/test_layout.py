@@ -3,17 +3,12 @@ search), never worse than MAP's heuristic, cost matrices, the shared cache."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 import pytest
 
 import automap
 from automap import DeviceMesh, InvalidSpecError, ShardingSpec, enumerate_specs, layout_path
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benches"))
-from pure_python_layout import PyLayoutProblem, to_tuple_spec  # noqa: E402
+from pure_python_layout import PyLayoutProblem, to_tuple_spec
 
 MESHES = [
     DeviceMesh((4,)),

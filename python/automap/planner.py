@@ -17,7 +17,7 @@ from automap.ilp import solve_ilp
 from automap.layout import layout_path
 from automap.mesh import DeviceMesh
 from automap.plan import EdgePlan, NodePlan, Plan, current_versions, graph_fingerprint
-from automap.strategies import build_strategy_table
+from automap.strategies import build_strategy_table, restrict
 
 #: Sustained FLOP/s assumed when none is given: an A100's dense fp32/tf32 rate
 #: under typical efficiency. Only the ratio to link speeds matters for a plan.
@@ -38,6 +38,7 @@ def plan(
     merge_followers: bool = True,
     tie_blocks: bool = True,
     reduce_depth: bool = False,
+    strategy_filter=None,
     verbose: bool = False,
 ) -> Plan:
     """Search the intra-op sharding plan of ``model`` on ``mesh`` that
@@ -63,17 +64,20 @@ def plan(
     return plan_traced(traced, profile, mesh, memory_budget_bytes, optimizer=optimizer,
                        flops_per_s=flops_per_s, strict=strict, time_limit_s=time_limit_s,
                        merge_followers=merge_followers, tie_blocks=tie_blocks or bool(stacks),
-                       stacks=stacks, trace_s=t1 - t0, verbose=verbose)
+                       stacks=stacks, strategy_filter=strategy_filter, trace_s=t1 - t0,
+                       verbose=verbose)
 
 
 def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 optimizer="adamw", flops_per_s=DEFAULT_FLOPS_PER_S, strict=False,
                 time_limit_s=60.0, merge_followers=True, tie_blocks=True, stacks=(),
-                trace_s=0.0, verbose=False) -> Plan:
+                strategy_filter=None, trace_s=0.0, verbose=False) -> Plan:
     """``plan`` for an already traced and profiled graph."""
     t0 = time.perf_counter()
     table = build_strategy_table(traced, profile, mesh, flops_per_s=flops_per_s,
                                  optimizer=optimizer, strict=strict)
+    if strategy_filter is not None:
+        restrict(table, strategy_filter)
     t1 = time.perf_counter()
     blocks = detect_blocks(traced) if tie_blocks else []
     node_weight, edge_weight = multiplicities(blocks, list(stacks), list(table.edges()))

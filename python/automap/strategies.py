@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from automap import _core
-from automap.errors import UnsupportedOpError
+from automap.errors import AutomapError, UnsupportedOpError
 from automap.signatures import Signature, TensorRef, op_family, signature
 from automap.spec import ShardingSpec, enumerate_specs
 
@@ -259,3 +259,23 @@ def _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count, flops_per_
             options.transient_bytes = (prof.fwd_tmp_bytes + prof.fwd_out_bytes
                                        + prof.bwd_tmp_bytes + prof.bwd_out_bytes) * ratio
     return options
+
+
+def restrict(table: StrategyTable, keep) -> None:
+    """Drop the strategies ``keep(table, node)`` (a bool per strategy) rejects,
+    e.g. to price a hand-made plan family under the same cost model."""
+    for node in table.nodes.values():
+        mask = np.asarray(keep(table, node), dtype=bool)
+        if not mask.any():
+            raise AutomapError(f"no strategy of node {node.name} ({node.op}) satisfies the "
+                               f"strategy filter")
+        if mask.all():
+            continue
+        idx = np.flatnonzero(mask)
+        node.in_specs = [node.in_specs[i] for i in idx]
+        node.out_specs = [node.out_specs[i] for i in idx]
+        if node.reductions is not None:
+            node.reductions = [node.reductions[i] for i in idx]
+        for attr in ("compute_s", "forward_comm_s", "backward_comm_s", "persistent_bytes",
+                     "saved_bytes", "transient_bytes"):
+            setattr(node, attr, getattr(node, attr)[idx])
