@@ -6,6 +6,7 @@ pub mod blocks;
 pub mod enumerate;
 pub mod error;
 pub mod layout;
+pub mod linearize;
 pub mod mesh;
 pub mod rotor;
 pub mod spec;

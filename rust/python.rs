@@ -11,6 +11,7 @@ use crate::blocks::{self, BlockNode};
 use crate::error::AutomapError;
 use crate::layout::cache::{cache_stats, clear_layout_cache};
 use crate::layout::{heuristic, layout_context, LayoutProblem};
+use crate::linearize::{self as linear, LinearNode};
 use crate::mesh::{Collective, DeviceMesh};
 use crate::spec::ShardingSpec;
 use crate::strategy::einsum::{self, CostModel, EinsumSignature};
@@ -531,6 +532,42 @@ fn detect_blocks(
         .collect())
 }
 
+/// Stages of a graph for activation checkpointing (see `linearize`): per
+/// node (graph order) its parents and flags; returns node indices per stage.
+#[pyfunction]
+fn linearize(
+    parents: Vec<Vec<usize>>,
+    placeholder: Vec<bool>,
+    non_differentiable: Vec<bool>,
+    inplace: Vec<bool>,
+) -> PyResult<Vec<Vec<usize>>> {
+    let n = parents.len();
+    if placeholder.len() != n || non_differentiable.len() != n || inplace.len() != n {
+        return Err(PyValueError::new_err(
+            "linearize: the four lists must have equal lengths",
+        ));
+    }
+    if let Some((i, p)) = parents
+        .iter()
+        .enumerate()
+        .find_map(|(i, ps)| ps.iter().find(|&&p| p >= i).map(|&p| (i, p)))
+    {
+        return Err(PyValueError::new_err(format!(
+            "node {i} has parent {p}: parents must come first"
+        )));
+    }
+    let nodes: Vec<LinearNode> = (0..n)
+        .map(|i| LinearNode {
+            parents: parents[i].clone(),
+            placeholder: placeholder[i],
+            non_differentiable: non_differentiable[i],
+            inplace: inplace[i],
+            communication: false,
+        })
+        .collect();
+    Ok(linear::linearize(&nodes))
+}
+
 /// (cache hits, searches) of the process-wide layout cache.
 #[pyfunction]
 fn layout_cache_stats() -> (u64, u64) {
@@ -555,6 +592,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(einsum_strategies, m)?)?;
     m.add_function(wrap_pyfunction!(reshape_strategies, m)?)?;
     m.add_function(wrap_pyfunction!(detect_blocks, m)?)?;
+    m.add_function(wrap_pyfunction!(linearize, m)?)?;
     m.add_function(wrap_pyfunction!(py_clear_layout_cache, m)?)?;
     Ok(())
 }

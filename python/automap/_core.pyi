@@ -14,6 +14,7 @@ __all__ = [
     "enumerate_specs",
     "layout_cache_stats",
     "layout_path",
+    "linearize",
     "reshape_strategies",
     "resharding_costs",
 ]
@@ -145,6 +146,12 @@ def detect_blocks(
     module_paths: Sequence[str],
     inputs: Sequence[Sequence[int]],
 ) -> list[tuple[str, list[list[int]]]]: ...
+def linearize(
+    parents: Sequence[Sequence[int]],
+    placeholder: Sequence[bool],
+    non_differentiable: Sequence[bool],
+    inplace: Sequence[bool],
+) -> list[list[int]]: ...
 def enumerate_specs(shape: Sequence[int], mesh: Any) -> list[ShardingSpec]: ...
 def layout_cache_stats() -> tuple[int, int]: ...
 def clear_layout_cache() -> None: ...

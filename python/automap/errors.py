@@ -45,3 +45,7 @@ class SolverTimeLimitError(AutomapError):
 
 class StalePlanError(AutomapError):
     """A plan that was made for another graph, model or mesh."""
+
+
+#: The name the solver issue uses for the same condition.
+InfeasiblePlanError = InfeasibleBudgetError

@@ -240,7 +240,7 @@ fn price(
         if sig.input_needs_grad[i] {
             let additive = sig.input_additive[i];
             lacking = (0..per_letter.len())
-                .filter(|&l| !operand.contains(&l) && !(additive && contracted[l]))
+                .filter(|&l| !operand.contains(&l) && (!additive || !contracted[l]))
                 .flat_map(|l| per_letter[l].iter().copied())
                 .collect();
             lacking.sort_unstable();
@@ -407,7 +407,7 @@ mod tests {
             .iter()
             .find(|st| st.inputs[1].to_string() == "RS0" && st.scatter_dim.is_none())
             .unwrap();
-        assert_eq!(row.grad_reduce_axes, vec![vec![], vec![], vec![]]);
+        assert_eq!(row.grad_reduce_axes, vec![Vec::<usize>::new(); 3]);
         let dp = s
             .iter()
             .find(|st| st.inputs[0].to_string() == "S0R")
