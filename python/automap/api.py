@@ -1,0 +1,108 @@
+"""The one-line API: ``autoparallelize`` plans (or loads a plan) and returns this
+rank's parallel module; ``apply`` turns an existing plan into one. Both run
+inside an initialised torch.distributed process group, one process per device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from automap.errors import InvalidMeshError
+from automap.mesh import DeviceMesh
+from automap.plan import Plan
+
+
+def autoparallelize(
+    model: nn.Module,
+    example_inputs: Any,
+    mesh: DeviceMesh | tuple | None = None,
+    memory_budget_bytes: float | None = None,
+    plan: Plan | None = None,
+    *,
+    loss_fn=None,
+    optimizer: str = "adamw",
+    local_inputs: bool = False,
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    **plan_options,
+):
+    """Plan ``model`` on ``mesh`` (default: 1-D over the whole world) within
+    ``memory_budget_bytes`` per device (default: the GPU's memory; unlimited on
+    CPU), or check and use ``plan``, and return this rank's ``ParallelModule``.
+
+    The module is called like ``model`` on ``example_inputs``-shaped inputs and
+    returns the loss (``loss_fn(model(...))``, default ``automap.tracing.
+    default_loss``), replicated. Rank ``mesh.ranks[0]`` solves the plan and sends
+    it to the others. ``plan_options`` go to ``automap.plan`` (e.g. ``flops_per_s``).
+    """
+    mesh = _mesh_for_world(mesh if mesh is not None else (plan.mesh if plan else None))
+    device = _device(device)
+    if memory_budget_bytes is None and device.type == "cuda":
+        memory_budget_bytes = torch.cuda.get_device_properties(device).total_memory
+    from automap.planner import plan_traced
+    from automap.profiling import profile_traced
+
+    traced = _trace(model, example_inputs, loss_fn)
+    if plan is None:
+        payload = [None]
+        if dist.get_rank() == mesh.ranks[0]:
+            found = plan_traced(traced, profile_traced(traced, optimizer), mesh,
+                                memory_budget_bytes, optimizer=optimizer, **plan_options)
+            payload = [found.to_dict()]
+        dist.broadcast_object_list(payload, src=mesh.ranks[0])
+        plan = Plan.from_dict(payload[0])
+    return _generate(traced, plan, model, mesh, device, local_inputs, seed)
+
+
+def apply(plan: Plan, model: nn.Module, example_inputs: Any, *, loss_fn=None,
+          local_inputs: bool = False, device: str | torch.device | None = None, seed: int = 0):
+    """This rank's ``ParallelModule`` of ``model`` under ``plan`` (made by
+    ``automap.plan`` for the same model, inputs and loss). Raises
+    ``StalePlanError`` when the model or input shapes changed since planning."""
+    mesh = _mesh_for_world(plan.mesh)
+    traced = _trace(model, example_inputs, loss_fn)
+    return _generate(traced, plan, model, mesh, _device(device), local_inputs, seed)
+
+
+def _trace(model, example_inputs, loss_fn):
+    from automap.tracing import default_loss, trace
+
+    return trace(model, example_inputs, loss_fn=loss_fn or default_loss)
+
+
+def _generate(traced, plan: Plan, model, mesh: DeviceMesh, device, local_inputs, seed):
+    from automap.generate import generate
+
+    plan.check_matches(traced, mesh)
+    return generate(traced, plan, model, mesh.process_groups(), device=device,
+                    local_inputs=local_inputs, seed=seed)
+
+
+def _mesh_for_world(mesh) -> DeviceMesh:
+    if not dist.is_available() or not dist.is_initialized():
+        raise InvalidMeshError(
+            "automap.autoparallelize needs an initialised process group: launch with "
+            "torchrun --nproc-per-node N and call torch.distributed.init_process_group() first "
+            "(automap.plan works without one)")
+    world = dist.get_world_size()
+    if mesh is None:
+        return DeviceMesh((world,))
+    if not isinstance(mesh, DeviceMesh):
+        mesh = DeviceMesh(mesh)
+    if mesh.size != world:
+        raise InvalidMeshError(
+            f"the mesh {mesh.shape} has {mesh.size} devices but the process group has {world} "
+            f"processes; launch {mesh.size} processes (torchrun --nproc-per-node {mesh.size}) "
+            f"or pass a mesh of {world} devices, e.g. mesh=automap.DeviceMesh(({world},))")
+    return mesh
+
+
+def _device(device) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -1,0 +1,54 @@
+"""The generator (MAP section 6): a Plan and its traced graph become this rank's
+parallel module, which trains exactly like the serial model.
+
+- ``build``: the graph pass (communication, reshape localisation, inputs and outputs);
+- ``state``: parameter sharding (from full weights, or shard by shard from meta);
+- ``grad_sync``: bucketed, asynchronous data-parallel gradient all-reduce;
+- ``module``: the resulting ``ParallelModule`` (an fx GraphModule).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from automap.generate.build import generate_graph
+from automap.generate.module import ParallelModule, register_state
+from automap.generate.state import cut, full_tensors
+
+__all__ = ["ParallelModule", "generate"]
+
+
+def generate(traced, plan, model: nn.Module, groups, *, device=None, local_inputs: bool = False,
+             seed: int = 0) -> ParallelModule:
+    """This rank's ``ParallelModule`` for ``plan`` (made for ``traced``, the trace of
+    ``model``) on the process ``groups`` of the plan's mesh.
+
+    ``local_inputs``: the module takes this rank's shard of each input (e.g. from a
+    DistributedSampler) instead of the global batch. ``seed``: initialises models
+    built on the meta device, identically on every rank."""
+    device = torch.device(device or "cpu")
+    rank = dist.get_rank()
+    out = generate_graph(traced, plan, groups, rank, device, local_inputs)
+    root = nn.Module()
+    fulls = full_tensors(model, traced, list(out.shards), seed)
+    for name, shard in out.shards.items():
+        state = traced.parameters.get(name) or traced.buffers.get(name) or traced.constants[name]
+        value = cut(fulls.pop(name), shard.spec, plan.mesh, rank).to(device)
+        register_state(root, name, value, shard.kind, state.requires_grad)
+    for attr, obj in out.attrs.items():
+        setattr(root, attr, obj)
+    out.graph._codegen = _pytree_codegen(traced)
+    module = ParallelModule(root, out.graph, class_name="ParallelModule")
+    module.plan, module.groups, module.shards = plan, groups, out.shards
+    module.train(model.training)
+    return module
+
+
+def _pytree_codegen(traced):
+    """Forward arguments as the model takes them (positional and keyword inputs)."""
+    from torch.export._unlift import _get_codegen
+
+    spec = traced.exported.call_spec
+    return _get_codegen(spec.in_spec, spec.out_spec)

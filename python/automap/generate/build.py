@@ -1,0 +1,246 @@
+"""The generator's graph pass: walk the traced graph once, in order, and emit
+the per-rank graph. Every placeholder of a parameter/buffer/constant becomes a
+read of this rank's shard; every op reads its inputs converted to the specs the
+plan chose (communication pass), runs on local shards with localised sizes and
+global divisors (reshape localisation), and makes partial outputs whole."""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from automap.errors import AutomapError
+from automap.generate import localize
+from automap.generate.comm import Emitter
+from automap.generate.ops import take_shard
+from automap.generate.state import StateShard, local_bounds
+from automap.signatures import op_family, signature
+from automap.spec import ShardingSpec
+
+_BIAS_OPS = {"linear": 2, "addmm": 0, "baddbmm": 0, "conv1d": 2, "conv2d": 2, "conv3d": 2}
+_WITHOUT_BIAS = {"addmm": torch.ops.aten.mm.default, "baddbmm": torch.ops.aten.bmm.default}
+
+
+@dataclass
+class GeneratedGraph:
+    graph: fx.Graph
+    attrs: dict  # attribute name -> object (process groups, higher-order-op bodies)
+    shards: dict[str, StateShard] = field(default_factory=dict)  # by canonical name
+
+
+def _is_replicated(spec: str) -> bool:
+    return ShardingSpec.parse(spec).is_replicated
+
+
+def _tensor_val(node) -> torch.Tensor | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _dtype_bytes(node: fx.Node) -> int:
+    return _tensor_val(node).dtype.itemsize
+
+
+class _Pass:
+    def __init__(self, traced, plan, groups, rank: int, device, local_inputs: bool) -> None:
+        self.traced = traced
+        self.plan = plan
+        self.mesh = plan.mesh
+        self.rank = rank
+        self.local_inputs = local_inputs
+        self.gm = traced.graph_module_on(device)
+        self.out = GeneratedGraph(fx.Graph(), {})
+        self.em = Emitter(self.out.graph, groups, self.out.attrs)
+        self.env: dict[str, fx.Node] = {}
+
+    # Specs ---------------------------------------------------------------------------
+    def spec_of(self, node: fx.Node, index: int = 0) -> str:
+        """The planned spec of output ``index`` of ``node`` (replicated when unplanned)."""
+        node_plan = self.plan.nodes.get(node.name)
+        if node_plan is not None and len(node_plan.outputs) > index:
+            return node_plan.outputs[index]
+        val = node.meta.get("val")
+        leaves = [v for v in pytree.tree_leaves(val) if isinstance(v, torch.Tensor)]
+        return "R" * leaves[index].dim() if leaves else ""
+
+    def convert(self, node: fx.Node, dst: str) -> fx.Node:
+        return self.em.convert(self.env[node.name], self.spec_of(node), dst,
+                               _tensor_val(node).shape, _dtype_bytes(node))
+
+    # Walk ----------------------------------------------------------------------------
+    def run(self) -> GeneratedGraph:
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                self.env[node.name] = self.placeholder(node)
+            elif node.op == "get_attr":
+                self.out.attrs[node.target] = getattr(self.gm, node.target)
+                self.env[node.name] = self.out.graph.get_attr(node.target)
+            elif node.op == "call_function":
+                self.env[node.name] = self.call(node)
+            elif node.op == "output":
+                self.output(node)
+            else:
+                raise AutomapError(f"unexpected {node.op} node {node.name} in a traced graph")
+        return self.out
+
+    def placeholder(self, node: fx.Node) -> fx.Node:
+        graph, spec = self.out.graph, self.spec_of(node)
+        state = self.traced.state_of(node.name)
+        if state is None:  # a user input: every rank gets the global batch unless local
+            value = graph.placeholder(node.name)
+            value.meta = dict(node.meta)
+            if self.local_inputs or _is_replicated(spec):
+                return value
+            bounds = local_bounds(spec, _tensor_val(node).shape, self.mesh, self.rank)
+            return self.em.call(take_shard, value, bounds, name=f"{node.name}_shard")
+        # Tied names are one tensor: all read the first name's shard.
+        owner = state
+        if state.tied and state.canonical != state.name:
+            owner = self.traced.parameters.get(state.canonical) or self.traced.buffers.get(
+                state.canonical) or state
+        owner_spec = self.plan.nodes[owner.node].outputs[0]
+        self.out.shards.setdefault(owner.name, StateShard(owner.name, owner.kind, owner_spec,
+                                                          tuple(owner.shape)))
+        value = graph.get_attr(owner.name)
+        return self.em.convert(value, owner_spec, spec, state.shape, state.dtype.itemsize)
+
+    def call(self, node: fx.Node) -> fx.Node:
+        node_plan = self.plan.nodes.get(node.name)
+        family = op_family(node)
+        if node_plan is None:  # no tensor result (metadata asserts): run on local values
+            return self.out.graph.node_copy(node, lambda n: self.env[n.name])
+        if family == "getitem":
+            producer, index = node.args
+            value = self.em.call(operator.getitem, self.env[producer.name], index, name=node.name)
+            return self.em.convert(value, self.spec_of(producer, index), node_plan.inputs[0],
+                                   _tensor_val(node).shape, _dtype_bytes(node))
+        args, kwargs = self.inputs(node, node_plan)
+        partial = list(node_plan.partial_axes)
+        bias = None
+        if node_plan.kind == "view" or family in ("expand", "unflatten"):
+            args = localize.local_sizes(family, args, node, node_plan.outputs[0], self.mesh)
+        if partial and family == "embedding":
+            value = localize.vocab_parallel(self.em, args, kwargs, node_plan.inputs[0],
+                                            node.args[0], self.rank)
+        elif partial and family == "mean":
+            value = localize.mean_as_partial_sum(self.em, node, args, kwargs)
+        elif partial and localize.is_mean_loss(family, args, kwargs):
+            value = localize.loss_as_partial_sum(self.em, node.target, family, args, kwargs,
+                                                 partial)
+        else:
+            target = node.target
+            if partial and _bias_of(node, family) is not None:
+                # A bias is added once, to the whole sum, not on every rank.
+                pos = _BIAS_OPS[family]
+                bias, args = args[pos], list(args)
+                if family in _WITHOUT_BIAS:
+                    if any(kwargs.get(k, 1) != 1 for k in ("beta", "alpha")):
+                        raise AutomapError(f"{node.name}: {family} with beta/alpha is not "
+                                           "supported with a split contraction")
+                    target, args, kwargs = _WITHOUT_BIAS[family], args[1:3], {}
+                else:
+                    args[pos] = None
+            value = self.em.call(target, *args, name=node.name, **kwargs)
+        if node_plan.kind == "source" and not _is_replicated(node_plan.outputs[0]):
+            bounds = local_bounds(node_plan.outputs[0], _tensor_val(node).shape, self.mesh,
+                                  self.rank)
+            value = self.em.call(take_shard, value, bounds)
+        if partial and not isinstance(node.meta.get("val"), torch.Tensor):
+            raise AutomapError(f"{node.name}: partial sums of a multi-output op")
+        value = self.em.reduce_partial(value, partial, node_plan.scatter_dim)
+        if bias is not None:
+            value = self.add_bias(node, family, value, bias, partial, node_plan.scatter_dim)
+        return value
+
+    def inputs(self, node: fx.Node, node_plan) -> tuple[tuple, dict]:
+        """The node's arguments with every tensor converted to its planned spec (and
+        wrapped for the backward all-reduce of a partial gradient)."""
+        sig = signature(node)
+        refs = [r for r, _ in sig.inputs] if sig is not None else None
+        if refs is None:
+            refs = [a.name for a in pytree.tree_leaves((node.args, node.kwargs))
+                    if _tensor_val(a) is not None]
+        source = node_plan.kind == "source"
+        position = 0
+
+        def local(a):
+            nonlocal position
+            if not isinstance(a, fx.Node):
+                return a
+            if _tensor_val(a) is None or source:
+                return self.env[a.name]  # sources read only dtype/device from tensors
+            if position < len(refs) and refs[position] == a.name:
+                k, position = position, position + 1
+                value = self.convert(a, node_plan.inputs[k])
+                grads = node_plan.grad_reduce_axes
+                return self.em.reduce_grad(value, grads[k] if k < len(grads) else [])
+            return self.convert(a, "R" * _tensor_val(a).dim())
+
+        args, kwargs = pytree.tree_map_only(fx.Node, local, (node.args, node.kwargs))
+        return tuple(args), dict(kwargs)
+
+    def add_bias(self, node, family, value, bias, partial, scatter_dim) -> fx.Node:
+        out_shape = list(_tensor_val(node).shape)
+        bias_shape = list(_tensor_val(_bias_of(node, family)).shape)
+        conv = family.startswith("conv")
+        if scatter_dim is not None:
+            # The output is split along scatter_dim over the partial axes: so is the
+            # bias's share, or, where the bias is broadcast there, its gradient is partial.
+            if conv:
+                bias_dim = 0 if scatter_dim == 1 else None
+            else:
+                d = scatter_dim - (len(out_shape) - len(bias_shape))
+                bias_dim = d if d >= 0 and bias_shape[d] == out_shape[scatter_dim] else None
+            if bias_dim is None:
+                bias = self.em.reduce_grad(bias, partial)
+            else:
+                from automap.collectives import split_dim
+
+                bias = self.em.call(split_dim, bias, bias_dim, self.em.group(partial))
+        if conv:
+            bias = self.em.call(torch.ops.aten.view.default, bias,
+                                [-1] + [1] * (len(out_shape) - 2))
+        return self.em.call(torch.ops.aten.add.Tensor, value, bias, name=f"{node.name}_bias")
+
+    def output(self, node: fx.Node) -> None:
+        specs = self.traced.exported.graph_signature.output_specs
+        user = []
+        for out_spec, value in zip(specs, pytree.tree_leaves(node.args[0])):
+            if out_spec.kind.name == "USER_OUTPUT":
+                if isinstance(value, fx.Node) and _tensor_val(value) is not None:
+                    user.append(self.convert(value, "R" * _tensor_val(value).dim()))
+                else:
+                    user.append(self.env[value.name] if isinstance(value, fx.Node) else value)
+            elif out_spec.kind.name == "BUFFER_MUTATION":
+                name = _strip(out_spec.target)
+                shard = self.out.shards[name]
+                new = self.em.convert(self.env[value.name], self.spec_of(value), shard.spec,
+                                      shard.global_shape, _dtype_bytes(value))
+                self.em.call(torch.ops.aten.copy_.default, self.out.graph.get_attr(name), new)
+            else:
+                raise AutomapError(f"unsupported graph output kind {out_spec.kind.name}")
+        self.out.graph.output(tuple(user))
+
+
+def _bias_of(node: fx.Node, family: str) -> fx.Node | None:
+    """The additive (bias) tensor argument of a linear/addmm/baddbmm/conv node."""
+    pos = _BIAS_OPS.get(family)
+    if pos is None or len(node.args) <= pos:
+        return None
+    return node.args[pos] if _tensor_val(node.args[pos]) is not None else None
+
+
+def _strip(target: str) -> str:
+    from automap.tracing import _strip_inner
+
+    return _strip_inner(target)
+
+
+def generate_graph(traced, plan, groups, rank: int, device, local_inputs: bool = False
+                   ) -> GeneratedGraph:
+    """This rank's graph of ``plan`` over ``traced`` (see the module docstring)."""
+    return _Pass(traced, plan, groups, rank, device, local_inputs).run()
