@@ -48,6 +48,10 @@ use super::sizes::{Cells, Sizes};
 /// Least work (inner-loop element updates) of one cell length before it is
 /// split over threads: a spawn costs some tens of microseconds, this much
 /// work some hundreds.
+/// Inner-loop element updates, counted in test builds.
+#[cfg(test)]
+pub(crate) static WORK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 pub(crate) const PAR_MIN_WORK: usize = 1 << 20;
 
 pub(crate) struct Table {
@@ -120,6 +124,12 @@ impl Table {
     fn fill(&mut self, threads: usize, par_min_work: usize) {
         let avx = has_avx();
         let mut values = std::mem::take(&mut self.values);
+        let total_work = values.len() * self.sz.len() / 3;
+        if threads == 1 || total_work < par_min_work {
+            self.fill_by_rows(&mut values, avx);
+            self.values = values;
+            return;
+        }
         let this = &*self;
         for d in 0..this.sz.len() {
             let range = this.cells.diagonal(d);
@@ -153,6 +163,25 @@ impl Table {
             });
         }
         self.values = values;
+    }
+
+    /// Sequential fill, start `s` descending then end `t` ascending: cell
+    /// (s, t) reads (s, j-1), the cells just filled in the same start, which
+    /// stay in cache, so only the (j, t) rows come from memory (by length,
+    /// both would). Each row is built in a scratch buffer, then copied in.
+    fn fill_by_rows(&self, values: &mut [f32], avx: bool) {
+        let l = self.sz.len();
+        let mut scratch = Vec::with_capacity(self.mmax + 1);
+        for s in (0..l).rev() {
+            for t in s..l {
+                let c = self.cells.index(s, t);
+                let range = self.row_start[c]..self.row_start[c + 1];
+                scratch.clear();
+                scratch.resize(range.len(), f32::INFINITY);
+                self.fill_cell(s, t, &mut scratch, values, avx);
+                values[range].copy_from_slice(&scratch);
+            }
+        }
     }
 
     /// Fill cells `first..end` (of one length) into `out`, their rows laid
@@ -219,10 +248,21 @@ impl Table {
             if m0 > mmax {
                 continue;
             }
-            let n = mmax + 1 - m0;
+            // Rows are non-increasing in m, so this option costs at least
+            // fwd + the last (largest-m) values of both rows, in the same f32
+            // arithmetic: it can only improve the prefix of the range where
+            // the output row (also non-increasing) is still above that.
+            let (rrow, lrow) = (rd(right), rd(left));
+            let bound = fwd as f32 + rrow[rrow.len() - 1] + lrow[lrow.len() - 1];
+            let n = row[m0 - lo..].partition_point(|&v| v > bound);
+            if n == 0 {
+                continue;
+            }
+            #[cfg(test)]
+            WORK.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
             let out = &mut row[m0 - lo..][..n];
-            let r = &rd(right)[m0 - aj - self.lo[right]..][..n];
-            let l = &rd(left)[m0 - self.lo[left]..][..n];
+            let r = &rrow[m0 - aj - self.lo[right]..][..n];
+            let l = &lrow[m0 - self.lo[left]..][..n];
             relax(out, r, l, fwd as f32, avx);
         }
     }

@@ -432,3 +432,76 @@ fn larger_chain_solves_with_threads() {
     assert!(a.peak_memory_bytes <= budget);
     assert_eq!(ops_of_blocks(60, &a.blocks), a.ops);
 }
+
+/// The chain of `benches/rotor.rs` (same generator).
+fn bench_chain(len: usize) -> (Chain, u64) {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ len as u64;
+    let mut next = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    const MIB: u64 = 1 << 20;
+    let stages = (0..len)
+        .map(|k| {
+            let out = (8 + next(57)) * MIB;
+            let fwd = 1e-3 * (1.0 + next(40) as f64 / 10.0);
+            let comm = k % 3 == 0;
+            Stage {
+                fwd_compute_s: fwd,
+                fwd_comm_s: if comm { 2e-4 } else { 0.0 },
+                bwd_compute_s: 2.0 * fwd,
+                bwd_comm_s: if comm { 2e-4 } else { 0.0 },
+                fwd_tmp_bytes: next(8) * MIB,
+                fwd_comm_tmp_bytes: if comm { out / 2 } else { 0 },
+                bwd_tmp_bytes: out,
+                bwd_comm_tmp_bytes: if comm { out / 2 } else { 0 },
+                out_bytes: out,
+                saved_bytes: out * (2 + next(4)),
+                out_grad_bytes: out,
+            }
+        })
+        .collect();
+    let chain = Chain::new(stages, 32 * MIB, 0).unwrap();
+    let max = simulate(&chain, &store_all_ops(len))
+        .unwrap()
+        .peak_memory_bytes;
+    let min = min_budget_bytes(&chain);
+    (chain, min + (max - min) * 2 / 5)
+}
+
+/// CPU seconds of this process (utime + stime, from /proc).
+fn cpu_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let rest = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    ticks / 100.0
+}
+
+/// Timing on a loaded machine: CPU time of one thread, and the work count.
+/// `cargo test --release --lib rotor::tests::time_solver -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn time_solver() {
+    for (len, reps) in [(100, 50), (400, 2)] {
+        let (chain, budget) = bench_chain(len);
+        super::table::WORK.store(0, std::sync::atomic::Ordering::Relaxed);
+        let (c0, w0) = (cpu_s(), std::time::Instant::now());
+        let mut t = 0.0;
+        for _ in 0..reps {
+            t = solve_with_threads(&chain, budget, 500, 1)
+                .unwrap()
+                .predicted_time_s;
+        }
+        let work = super::table::WORK.load(std::sync::atomic::Ordering::Relaxed) / reps;
+        println!(
+            "L={len} M=500: {:.1} ms cpu, {:.1} ms wall per solve, {:.3e} updates, time {t:.6} s",
+            1e3 * (cpu_s() - c0) / reps as f64,
+            1e3 * w0.elapsed().as_secs_f64() / reps as f64,
+            work as f64
+        );
+    }
+}
