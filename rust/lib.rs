@@ -14,6 +14,8 @@ pub mod strategy;
 
 #[cfg(feature = "python")]
 mod python;
+#[cfg(feature = "python")]
+mod python_rotor;
 
 pub use enumerate::enumerate_specs;
 pub use error::{AutomapError, Result};
