@@ -19,6 +19,8 @@ from automap.planner import plan as solve_plan
 from forced_plans import forced_plan
 
 STEPS = 5
+#: Small buckets, so that data-parallel gradients go in several of them.
+BUCKET_BYTES = 4096
 #: Gradients that are mathematically zero (an attention key bias's) are float
 #: noise on both sides: relative differences are taken against at least this.
 GRAD_FLOOR = 1e-4
@@ -76,17 +78,24 @@ FORCED = {
                                          r"fc2\.weight": "RS0"}, "inputs": {"args_0": "RR"}},
     # 2-D: batch on axis 0, Megatron on axis 1.
     "2d": lambda mesh: {"params": {r"fc1\.weight": "S1R", r"fc1\.bias": "S1",
-                                   r"fc2\.weight": "RS1"}, "inputs": {"args_0": "S0R"}},
+                                   r"fc2\.weight": "RS1"}, "inputs": {"args_0": "S0R"},
+                        "ops": {"linear": lambda ins, outs: ins[:2] == ("S0R", "S1R"),
+                                "linear_1": lambda ins, outs: ins[:2] == ("S0S1", "RS1")}},
     # Vocab-parallel (tied) embedding and LM head.
     "vocab": lambda mesh: {"params": {r"wte\.weight": "S0R"},
                            "ops": {"embedding": lambda ins, outs: ins[0] == "S0R"}},
     # Attention split by heads (q/k/v column-parallel, projection row-parallel).
-    "heads": lambda mesh: {"params": {r"^(q|k|v)\.weight": "S0R", r"^(q|k|v)\.bias": "S0",
-                                      r"attn_proj\.weight": "RS0"}, "inputs": {"args_0": "RRR"}},
+    "heads": lambda mesh: {
+        "params": {r"^(q|k|v)\.weight": "S0R", r"^(q|k|v)\.bias": "S0",
+                   r"attn_proj\.weight": "RS0"}, "inputs": {"args_0": "RRR"},
+        "ops": {"scaled_dot_product_attention": lambda ins, outs: ins[0] == "RS0RR"}},
     # Attention split by batch (axis 0) and heads (axis 1).
-    "batch_heads": lambda mesh: {"params": {r"^(q|k|v)\.weight": "S1R", r"^(q|k|v)\.bias": "S1",
-                                            r"attn_proj\.weight": "RS1"},
-                                 "inputs": {"args_0": "S0RR"}},
+    "batch_heads": lambda mesh: {
+        "params": {r"^(q|k|v)\.weight": "S1R", r"^(q|k|v)\.bias": "S1",
+                   r"attn_proj\.weight": "RS1"}, "inputs": {"args_0": "S0RR"},
+        "ops": {"scaled_dot_product_attention": lambda ins, outs: ins[0] == "S0S1RR",
+                **{f"linear{i}": lambda ins, outs: ins[:2] == ("S0RR", "S1R")
+                   for i in ("", "_1", "_2")}}},
 }
 
 
@@ -137,7 +146,8 @@ def train_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
         plan = Plan.from_dict(payload[0])
         out = {"case": case, "expected_bytes": expected_parameter_bytes(traced, plan)}
         for opt_kind in ("sgd", "adamw"):
-            module = generate(traced, plan, model, groups)
+            module = generate(traced, plan, model, groups,
+                              grad_bucket_bytes=case.get("bucket_bytes", BUCKET_BYTES))
             out["bytes"] = module.local_parameter_bytes()
             opt = _optimizer(opt_kind, module.parameters())
             losses, grads = [], None
@@ -150,6 +160,7 @@ def train_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
                 opt.zero_grad(set_to_none=True)
                 losses.append(loss.item())
             full = module.full_state_dict()
+            out["buckets"] = len(module.gradient_sync.buckets)
             if rank == 0:
                 out[opt_kind] = _compare_serial(model, inputs, loss_fn, opt_kind, losses, full,
                                                 grads)

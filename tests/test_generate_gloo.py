@@ -31,17 +31,23 @@ CASES = {
         ("resnet", "solver_slow"), ("gpt2", "solver_slow"), ("gpt2", "vocab"),
         ("llama", "solver_slow"), ("block", "heads"),
     ],
+    (2, 2): [
+        ("mlp", "solver"), ("mlp", "2d"), ("mlp", "dp"), ("resnet", "solver_slow"),
+        ("gpt2", "solver_slow"), ("gpt2", "dp_tokens"), ("llama", "solver_slow"),
+        ("block", "batch_heads"),
+    ],
 }
 
-#: Collectives a forced plan must put in the module's code.
+#: Collectives a forced plan must put in the module's code (one of each tuple;
+#: bucketed_grad_sync: the data-parallel gradient all-reduce, outside the graph).
 MUST_USE = {
-    "dp": {"identity_all_reduce_grad", "take_shard", "loss_denominator"},
-    "megatron": {"all_reduce_sum"},
-    "2d": {"all_reduce_sum", "identity_all_reduce_grad", "take_shard"},
-    "vocab": {"vocab_parallel_embedding"},
-    "heads": {"all_reduce_sum"},
+    "dp": [("bucketed_grad_sync",), ("take_shard",), ("loss_denominator",)],
+    "megatron": [("all_reduce_sum", "reduce_scatter_dim")],
+    "2d": [("all_reduce_sum", "reduce_scatter_dim"), ("bucketed_grad_sync",), ("take_shard",)],
+    "vocab": [("vocab_parallel_embedding",)],
+    "heads": [("all_reduce_sum", "reduce_scatter_dim")],
+    "batch_heads": [("all_reduce_sum", "reduce_scatter_dim"), ("bucketed_grad_sync",)],
 }
-
 
 def _report(mesh_shape, results) -> list[str]:
     failures = []
@@ -52,7 +58,8 @@ def _report(mesh_shape, results) -> list[str]:
               f"{sgd['max_rel_grad']:.1e}, params rel (SGD) {sgd['max_rel_param']:.1e}, abs "
               f"(AdamW) {adamw['max_abs_param']:.1e} (fp32 vs fp64 serial: "
               f"{adamw['fp32_noise_abs_param']:.1e}), bytes/rank {case['bytes']} "
-              f"(plan {case['expected_bytes']}), {case['seconds']:.1f} s")
+              f"(plan {case['expected_bytes']}), {case['buckets']} gradient buckets, "
+              f"{case['seconds']:.1f} s")
         checks = [
             (max(sgd["max_rel_loss"], adamw["max_rel_loss"]) <= TOL, "losses differ"),
             (sgd["max_rel_grad"] <= TOL, f"gradient {sgd['worst_grad']} differs"),
@@ -64,8 +71,11 @@ def _report(mesh_shape, results) -> list[str]:
             (sgd["grads_compared"] > 0 and sgd["compared"] > 0, "nothing compared"),
         ]
         used = {n for n in COLLECTIVE_NAMES if n + "(" in case["code"]}
-        missing = MUST_USE.get(case["case"]["plan"], set()) - used
-        checks.append((not missing, f"the plan does not exercise {sorted(missing)}"))
+        if case["buckets"]:
+            used.add("bucketed_grad_sync")
+        missing = [names for names in MUST_USE.get(case["case"]["plan"], [])
+                   if not used.intersection(names)]
+        checks.append((not missing, f"the plan does not exercise {missing}"))
         failures += [f"{label}: {msg}" for ok, msg in checks if not ok]
     return failures
 

@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from automap.generate.build import generate_graph
+from automap.generate.build import defer_parameter_gradient_sync, generate_graph
+from automap.generate.grad_sync import DEFAULT_BUCKET_BYTES, GradientSync
 from automap.generate.module import ParallelModule, register_state
 from automap.generate.state import cut, full_tensors
 
@@ -21,16 +22,20 @@ __all__ = ["ParallelModule", "generate"]
 
 
 def generate(traced, plan, model: nn.Module, groups, *, device=None, local_inputs: bool = False,
-             seed: int = 0) -> ParallelModule:
+             seed: int = 0, grad_bucket_bytes: int | None = DEFAULT_BUCKET_BYTES
+             ) -> ParallelModule:
     """This rank's ``ParallelModule`` for ``plan`` (made for ``traced``, the trace of
     ``model``) on the process ``groups`` of the plan's mesh.
 
     ``local_inputs``: the module takes this rank's shard of each input (e.g. from a
     DistributedSampler) instead of the global batch. ``seed``: initialises models
-    built on the meta device, identically on every rank."""
+    built on the meta device, identically on every rank. ``grad_bucket_bytes``: bucket
+    size of the data-parallel gradient all-reduce (None: one all-reduce per
+    parameter use, in the graph)."""
     device = torch.device(device or "cpu")
     rank = dist.get_rank()
     out = generate_graph(traced, plan, groups, rank, device, local_inputs)
+    deferred = defer_parameter_gradient_sync(out) if grad_bucket_bytes is not None else []
     root = nn.Module()
     fulls = full_tensors(model, traced, list(out.shards), seed)
     for name, shard in out.shards.items():
@@ -43,6 +48,10 @@ def generate(traced, plan, model: nn.Module, groups, *, device=None, local_input
     module = ParallelModule(root, out.graph, class_name="ParallelModule")
     module.plan, module.groups, module.shards = plan, groups, out.shards
     module.train(model.training)
+    # Gradients come roughly in reverse order of first use.
+    synced = [(module.get_parameter(name), groups.axis_group(axes))
+              for name, axes in reversed(deferred)]
+    module.gradient_sync = GradientSync(synced, grad_bucket_bytes or DEFAULT_BUCKET_BYTES)
     return module
 
 

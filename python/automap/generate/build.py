@@ -13,6 +13,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from automap.collectives import identity_all_reduce_grad, split_dim
 from automap.errors import AutomapError
 from automap.generate import localize
 from automap.generate.comm import Emitter
@@ -198,8 +199,6 @@ class _Pass:
             if bias_dim is None:
                 bias = self.em.reduce_grad(bias, partial)
             else:
-                from automap.collectives import split_dim
-
                 bias = self.em.call(split_dim, bias, bias_dim, self.em.group(partial))
         if conv:
             bias = self.em.call(torch.ops.aten.view.default, bias,
@@ -238,6 +237,33 @@ def _strip(target: str) -> str:
     from automap.tracing import _strip_inner
 
     return _strip_inner(target)
+
+
+def defer_parameter_gradient_sync(out: GeneratedGraph) -> list[tuple[str, tuple[int, ...]]]:
+    """Take out of the graph the backward all-reduces of parameters whose every use
+    reduces its gradient over the same axes, read as stored (data parallelism):
+    they become the (name, axes) a ``GradientSync`` buckets, in order of first use."""
+    graph = out.graph
+    reads: dict[str, list[fx.Node]] = {}
+    for node in graph.nodes:
+        if node.op == "get_attr" and out.shards.get(node.target, None) is not None \
+                and out.shards[node.target].kind == "parameter":
+            reads.setdefault(node.target, []).append(node)
+    deferred = []
+    for name, nodes in reads.items():
+        users = [u for n in nodes for u in n.users]
+        groups = {u.args[1].target for u in users if u.target is identity_all_reduce_grad}
+        if not users or len(groups) != 1 or any(u.target is not identity_all_reduce_grad
+                                                for u in users):
+            continue
+        for u in users:
+            u.replace_all_uses_with(u.args[0])
+            graph.erase_node(u)
+        deferred.append((name, out.attrs[groups.pop()].axes))
+    for node in list(graph.nodes):
+        if node.op == "get_attr" and node.target.startswith("group_") and not node.users:
+            graph.erase_node(node)
+    return deferred
 
 
 def generate_graph(traced, plan, groups, rank: int, device, local_inputs: bool = False

@@ -1,0 +1,107 @@
+"""Data-parallel gradient synchronisation: parameters replicated along mesh axes
+that split the batch get partial gradients, summed over those axes.
+
+The graph pass leaves a parameter's backward all-reduce to this class when every
+use of the parameter reduces its gradient over the same axes with no layout
+conversion in between (the plain data-parallel case): the gradient then equals
+the all-reduce of the accumulated ``.grad``. Gradients are packed into buckets
+(TAP/DDP style), each all-reduced asynchronously as soon as all its gradients
+are accumulated during the backward; the end of the backward waits for them, so
+``loss.backward()`` returns synchronised gradients and any optimizer works
+unchanged. Gradient accumulation over several backward calls stays exact: a
+gradient that existed before the backward is subtracted out of the sum again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from automap.process_groups import AxisGroup
+
+DEFAULT_BUCKET_BYTES = 25 * 2**20
+
+
+@dataclass
+class _Bucket:
+    group: AxisGroup
+    params: list[nn.Parameter]
+    ready: set = field(default_factory=set)
+    work: object = None
+    flat: torch.Tensor | None = None
+
+
+class GradientSync:
+    """Bucketed asynchronous all-reduce of the gradients of ``params`` (in the
+    order their gradients are expected, roughly the reverse of the forward)."""
+
+    def __init__(self, params: list[tuple[nn.Parameter, AxisGroup]],
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        self.buckets: list[_Bucket] = []
+        open_by_group: dict[tuple, _Bucket] = {}
+        self._bucket_of: dict[int, _Bucket] = {}
+        for param, group in params:
+            bucket = open_by_group.get(group.axes)
+            nbytes = param.numel() * param.element_size()
+            if bucket is None or sum(p.numel() * p.element_size()
+                                     for p in bucket.params) + nbytes > bucket_bytes:
+                bucket = _Bucket(group, [])
+                self.buckets.append(bucket)
+                open_by_group[group.axes] = bucket
+            bucket.params.append(param)
+            self._bucket_of[id(param)] = bucket
+        self._previous: dict[int, torch.Tensor] = {}
+        self._in_backward = False
+        self.handles = []
+        for param, _ in params:
+            self.handles.append(param.register_hook(self._before_accumulate(param)))
+            self.handles.append(param.register_post_accumulate_grad_hook(self._accumulated))
+
+    def _before_accumulate(self, param: nn.Parameter):
+        def hook(grad: torch.Tensor) -> torch.Tensor:
+            if not self._in_backward:
+                self._in_backward = True
+                torch.autograd.Variable._execution_engine.queue_callback(self.finish)
+            if param.grad is not None and id(param) not in self._previous:
+                self._previous[id(param)] = param.grad.detach().clone()
+            return grad
+
+        return hook
+
+    def _accumulated(self, param: nn.Parameter) -> None:
+        bucket = self._bucket_of[id(param)]
+        bucket.ready.add(id(param))
+        if len(bucket.ready) == len(bucket.params):
+            self._launch(bucket)
+
+    def _launch(self, bucket: _Bucket) -> None:
+        grads = [p.grad for p in bucket.params if p.grad is not None]
+        if not grads or bucket.group.size == 1:
+            return
+        bucket.flat = torch.cat([g.reshape(-1) for g in grads])
+        bucket.work = dist.all_reduce(bucket.flat, group=bucket.group.group, async_op=True)
+
+    def finish(self) -> None:
+        """Wait for every bucket and write the sums back (end of the backward)."""
+        for bucket in self.buckets:
+            if bucket.work is None and bucket.flat is None:
+                self._launch(bucket)  # some gradient never came: sync what there is
+            if bucket.work is not None:
+                bucket.work.wait()
+                offset = 0
+                for p in bucket.params:
+                    if p.grad is None:
+                        continue
+                    n = p.grad.numel()
+                    p.grad.copy_(bucket.flat[offset:offset + n].view_as(p.grad))
+                    offset += n
+                    previous = self._previous.get(id(p))
+                    if previous is not None:  # it was summed size times: keep it once
+                        p.grad.sub_(previous, alpha=bucket.group.size - 1)
+            bucket.ready.clear()
+            bucket.work = bucket.flat = None
+        self._previous.clear()
+        self._in_backward = False
