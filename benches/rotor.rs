@@ -77,9 +77,10 @@ fn bench_rotor(c: &mut Criterion) {
         group.bench_function(format!("solve L={len} M={slots}"), |b| {
             b.iter(|| black_box(solve(&chain, budget, slots).unwrap()))
         });
-        group.bench_function(format!("solve L={len} M={slots} 1 thread"), |b| {
-            b.iter(|| black_box(solve_with_threads(&chain, budget, slots, 1).unwrap()))
-        });
+        group.bench_function(
+            format!("solve L={len} M={slots} by length 2 threads"),
+            |b| b.iter(|| black_box(solve_with_threads(&chain, budget, slots, 2).unwrap())),
+        );
     }
     group.finish();
 }

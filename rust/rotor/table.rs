@@ -34,13 +34,22 @@
 //! profiled times. Near-ties may be broken either way; the reported time is
 //! recomputed in f64 by replaying the schedule.
 //!
-//! # Work and parallelism
+//! # Work, memory traffic and parallelism
 //!
 //! Each `C_ck(j)` term is a whole row operation over `m` (two shifted rows
 //! added to a constant, min-ed into the output): contiguous, branch-free and
-//! vectorised (AVX when the CPU has it, chosen at run time). Cells of one
-//! length are independent and are split over threads (`std::thread::scope`)
-//! when the length's work is large enough to repay a spawn.
+//! vectorised (AVX when the CPU has it, chosen at run time), and cut to the
+//! prefix of `m` where it can still beat the row (an exact f32 bound).
+//!
+//! The fill is bound by memory traffic, not arithmetic: cell (s, t) reads
+//! `2 (t - s)` operand rows, `~L^3 / 3` rows in all (20 GB at L=400, M=500).
+//! The default fill goes by blocks of starts (see `fill_by_rows`) so that
+//! operand rows are read from cache, not memory: 1.6 s against 5.4 s for the
+//! by-length fill on 2 threads at L=400/M=500 (interleaved A/B on a shared
+//! 2-core machine, `tests::time_fill_orders`). The by-length fill, with the
+//! cells of one length split over threads (`std::thread::scope`), is kept for
+//! `solve_with_threads(.., threads > 1)`, where many cores with their own
+//! memory bandwidth may repay it.
 
 use super::schedule::{CheckpointBlock, Op};
 use super::sizes::{Cells, Sizes};
@@ -48,6 +57,10 @@ use super::sizes::{Cells, Sizes};
 /// Least work (inner-loop element updates) of one cell length before it is
 /// split over threads: a spawn costs some tens of microseconds, this much
 /// work some hundreds.
+/// Starts filled together by the sequential fill: their rows (up to L cells
+/// of up to M floats each) must stay in the last-level cache together.
+const ROW_BLOCK: usize = 16;
+
 /// Inner-loop element updates, counted in test builds.
 #[cfg(test)]
 pub(crate) static WORK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -165,22 +178,30 @@ impl Table {
         self.values = values;
     }
 
-    /// Sequential fill, start `s` descending then end `t` ascending: cell
-    /// (s, t) reads (s, j-1), the cells just filled in the same start, which
-    /// stay in cache, so only the (j, t) rows come from memory (by length,
-    /// both would). Each row is built in a scratch buffer, then copied in.
+    /// Sequential fill in blocks of `ROW_BLOCK` starts (descending), each
+    /// block swept by end `t` ascending, then start descending. Cell (s, t)
+    /// reads its row's earlier cells (s, j-1), which stay in cache, and the
+    /// column cells (j, t), which the block's other starts read right after:
+    /// each column row comes from memory once per block, not once per start
+    /// (by length, every operand row would come from memory every time).
+    /// Each row is built in a scratch buffer, then copied in.
     fn fill_by_rows(&self, values: &mut [f32], avx: bool) {
         let l = self.sz.len();
         let mut scratch = Vec::with_capacity(self.mmax + 1);
-        for s in (0..l).rev() {
-            for t in s..l {
-                let c = self.cells.index(s, t);
-                let range = self.row_start[c]..self.row_start[c + 1];
-                scratch.clear();
-                scratch.resize(range.len(), f32::INFINITY);
-                self.fill_cell(s, t, &mut scratch, values, avx);
-                values[range].copy_from_slice(&scratch);
+        let mut hi = l;
+        while hi > 0 {
+            let lo_s = hi.saturating_sub(ROW_BLOCK);
+            for t in lo_s..l {
+                for s in (lo_s..hi.min(t + 1)).rev() {
+                    let c = self.cells.index(s, t);
+                    let range = self.row_start[c]..self.row_start[c + 1];
+                    scratch.clear();
+                    scratch.resize(range.len(), f32::INFINITY);
+                    self.fill_cell(s, t, &mut scratch, values, avx);
+                    values[range].copy_from_slice(&scratch);
+                }
             }
+            hi = lo_s;
         }
     }
 

@@ -486,6 +486,10 @@ fn cpu_s() -> f64 {
 #[test]
 #[ignore]
 fn time_solver() {
+    let threads: usize = std::env::var("ROTOR_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
     for (len, reps) in [(100, 50), (400, 2)] {
         let (chain, budget) = bench_chain(len);
         super::table::WORK.store(0, std::sync::atomic::Ordering::Relaxed);
@@ -498,10 +502,35 @@ fn time_solver() {
         }
         let work = super::table::WORK.load(std::sync::atomic::Ordering::Relaxed) / reps;
         println!(
-            "L={len} M=500: {:.1} ms cpu, {:.1} ms wall per solve, {:.3e} updates, time {t:.6} s",
+            "L={len} M=500 {threads} thread(s): {:.1} ms cpu, {:.1} ms wall per solve, \
+             {:.3e} updates, time {t:.6} s",
             1e3 * (cpu_s() - c0) / reps as f64,
             1e3 * w0.elapsed().as_secs_f64() / reps as f64,
             work as f64
         );
+    }
+}
+
+/// A/B on a loaded machine, interleaved: blocked sequential fill vs the
+/// by-length fill on 2 threads.
+/// `cargo test --release --lib rotor::tests::time_fill_orders -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn time_fill_orders() {
+    let (chain, budget) = bench_chain(400);
+    for round in 0..3 {
+        for (name, threads, par) in [
+            ("blocked sequential", 1, usize::MAX),
+            ("by length, 2 threads", 2, super::table::PAR_MIN_WORK),
+        ] {
+            let (c0, w0) = (cpu_s(), std::time::Instant::now());
+            let sol = solve_full(&chain, budget, 500, threads, par).unwrap();
+            println!(
+                "round {round} {name:22}: {:.0} ms wall, {:.0} ms cpu, {:.6} s",
+                1e3 * w0.elapsed().as_secs_f64(),
+                1e3 * (cpu_s() - c0),
+                sol.schedule.predicted_time_s
+            );
+        }
     }
 }
