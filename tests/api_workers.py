@@ -66,6 +66,19 @@ def api_checks(rank: int, world: int) -> dict:
         for n, p in serial.named_parameters())
     out["buckets"] = len(global_module.gradient_sync.buckets)
 
+    # Inputs that were one tensor when planning (input_ids=labels=ids) and differ when
+    # training; labels with ignored (-100) positions.
+    gpt2, gpt2_inputs, _ = build("gpt2")
+    reference = copy.deepcopy(gpt2)
+    gpt2_module = autoparallelize(gpt2, gpt2_inputs, flops_per_s=1e6)
+    ids = torch.randint(0, 256, gpt2_inputs["input_ids"].shape,
+                        generator=torch.Generator().manual_seed(3))
+    labels = gpt2_inputs["labels"].clone()
+    labels[:, :5] = -100
+    out["gpt2_distinct_inputs"] = (
+        gpt2_module(input_ids=ids, labels=labels).item(),
+        reference(input_ids=ids, labels=labels, use_cache=False).loss.item())
+
     # A model built on meta: initialised shard by shard, the same under any plan.
     with torch.device("meta"):
         meta_model, meta_x = model_zoo.MLP(), torch.empty(inputs[0].shape)

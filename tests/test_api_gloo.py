@@ -1,5 +1,6 @@
 """The one-line API on 2 gloo ranks (one spawn): typed errors with the fix in the
-message, the default 1-D mesh, apply(plan, ...), rank-local inputs, gradient
+message, the default 1-D mesh, apply(plan, ...), rank-local inputs, inputs that
+were one tensor when planning and differ when training, gradient
 accumulation through the bucketed sync, and meta-device models initialised
 shard by shard."""
 
@@ -24,6 +25,8 @@ def test_api_on_two_ranks():
         assert parallel == pytest.approx(serial, rel=1e-5)
         assert r["applied_loss"] == pytest.approx(serial, rel=1e-5)
         assert r["local_loss"] == pytest.approx(serial, rel=1e-5)
+        parallel, serial = r["gpt2_distinct_inputs"]
+        assert parallel == pytest.approx(serial, rel=1e-5)
         assert r["buckets"] >= 1 and r["accumulated_grad_diff"] < 1e-5
         assert r["meta_same_under_plans"] and r["meta_initialised"] and r["meta_still_meta"]
         dp, megatron, reference = r["meta_losses"]

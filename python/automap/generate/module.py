@@ -15,7 +15,11 @@ class ParallelModule(fx.GraphModule):
     """One rank's part of a parallel training step; ``print(module.code)`` shows it.
 
     Called like the traced model (same positional and keyword inputs); returns the
-    traced graph's outputs (the loss), replicated on every rank."""
+    traced graph's outputs (the loss), replicated on every rank. The train/eval mode
+    of the model when it was traced is part of the graph (dropout, batch norm):
+    generate an eval module from a model traced in eval mode. Data-parallel gradient
+    all-reduces run outside the graph, in ``gradient_sync`` (bucketed, asynchronous,
+    finished when ``backward()`` returns)."""
 
     plan: object
     groups: object
