@@ -195,15 +195,18 @@ impl State {
         if op.is_forward() && k >= self.backward_from {
             return Err("forward of a stage whose backward is done".into());
         }
+        if op.is_forward() && self.act[k + 1..].iter().any(|&x| x != NONE) {
+            return Err(format!(
+                "a_{k} is not the last live activation: recomputation is last in, first out"
+            ));
+        }
         let (input, output) = (self.act[k], self.act[k + 1]);
         match op {
             Op::ForwardNoSave(_) | Op::ForwardCheckpoint(_) => {
                 if input == NONE {
                     return Err(format!("a_{k} is not live"));
                 }
-                if output != NONE {
-                    return Err(format!("a_{} is already live", k + 1));
-                }
+                debug_assert_eq!(output, NONE);
                 let consume = matches!(op, Op::ForwardNoSave(_));
                 if consume && input != PLAIN {
                     return Err(format!(
@@ -225,15 +228,9 @@ impl State {
                 if input == NONE {
                     return Err(format!("a_{k} is not live"));
                 }
-                if output == SAVED {
-                    return Err(format!("ā_{} is already live", k + 1));
-                }
-                // A live plain a_{k+1} is replaced by ā_{k+1}, which holds it.
+                debug_assert_eq!(output, NONE);
                 let during = self.mem + sz.saved[k] + sz.fwd_tmp[k];
                 self.mem += sz.saved[k];
-                if output == PLAIN {
-                    self.mem -= sz.act[k + 1];
-                }
                 self.act[k + 1] = SAVED;
                 Ok(during)
             }

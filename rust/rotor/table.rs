@@ -126,7 +126,9 @@ impl Table {
             mmax,
             lo,
             row_start,
-            values: vec![f32::INFINITY; acc],
+            // Zeroed pages come lazily from the OS; `fill_cell` writes every
+            // entry of its row.
+            values: vec![0.0; acc],
             fwd_s,
             fb_s,
         };
@@ -184,21 +186,18 @@ impl Table {
     /// column cells (j, t), which the block's other starts read right after:
     /// each column row comes from memory once per block, not once per start
     /// (by length, every operand row would come from memory every time).
-    /// Each row is built in a scratch buffer, then copied in.
     fn fill_by_rows(&self, values: &mut [f32], avx: bool) {
         let l = self.sz.len();
-        let mut scratch = Vec::with_capacity(self.mmax + 1);
         let mut hi = l;
         while hi > 0 {
             let lo_s = hi.saturating_sub(ROW_BLOCK);
             for t in lo_s..l {
                 for s in (lo_s..hi.min(t + 1)).rev() {
+                    // Every operand of (s, t) is shorter, so it lies before.
                     let c = self.cells.index(s, t);
-                    let range = self.row_start[c]..self.row_start[c + 1];
-                    scratch.clear();
-                    scratch.resize(range.len(), f32::INFINITY);
-                    self.fill_cell(s, t, &mut scratch, values, avx);
-                    values[range].copy_from_slice(&scratch);
+                    let (done, rest) = values.split_at_mut(self.row_start[c]);
+                    let row = &mut rest[..self.row_start[c + 1] - self.row_start[c]];
+                    self.fill_cell(s, t, row, done, avx);
                 }
             }
             hi = lo_s;
@@ -237,6 +236,7 @@ impl Table {
         let mmax = self.mmax;
         let lo = self.lo[self.cells.index(s, t)];
         let rd = |c: usize| &done[self.row_start[c]..self.row_start[c + 1]];
+        row.fill(f32::INFINITY);
 
         // Save all of stage s.
         let thr = self.save_all_threshold(s, t);
