@@ -50,6 +50,10 @@ def _constrained(constraints: dict[str, Keep]):
         planner.build_strategy_table = original
 
 
+#: Input spec: split on dim 0 (the batch) over every mesh axis.
+BATCH = "batch"
+
+
 def output_is(spec: str) -> Keep:
     return lambda ins, outs: outs[0] == spec
 
@@ -59,7 +63,7 @@ def forced_plan(model, example_inputs, loss_fn, mesh, *, params: dict[str, str] 
                 flops_per_s: float = 1e6):
     """The ILP's plan with parameter specs forced (``params``: regex on the parameter
     name -> spec; unmatched parameters replicated when ``params`` is given), user
-    input specs (input node name -> spec) and op predicates (node name -> Keep).
+    input specs (input node name -> spec, or ``BATCH``) and op predicates (node name -> Keep).
     A slow ``flops_per_s`` makes splitting the compute worth its communication."""
     traced = trace(model, example_inputs, loss_fn=loss_fn or default_loss)
     constraints: dict[str, Keep] = {}
@@ -68,7 +72,11 @@ def forced_plan(model, example_inputs, loss_fn, mesh, *, params: dict[str, str] 
             spec = next((s for pattern, s in params.items() if re.search(pattern, name)),
                         "R" * len(state.shape))
             constraints[state.node] = output_is(spec)
+    placeholders = {n.name: n for n in traced.graph.nodes if n.op == "placeholder"}
     for name, spec in (inputs or {}).items():
+        if spec == BATCH:
+            rank = placeholders[name].meta["val"].dim()
+            spec = "S" + "".join(str(a) for a in range(mesh.ndim)) + "R" * (rank - 1)
         constraints[name] = output_is(spec)
     constraints.update(ops or {})
     with _constrained(constraints):

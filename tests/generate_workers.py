@@ -16,7 +16,7 @@ from automap import DeviceMesh, ShardingSpec
 from automap.generate import generate
 from automap.plan import Plan
 from automap.planner import plan as solve_plan
-from forced_plans import forced_plan
+from forced_plans import BATCH, forced_plan
 
 STEPS = 5
 #: Small buckets, so that data-parallel gradients go in several of them.
@@ -63,16 +63,10 @@ def make_plan(kind: str, model, inputs, loss_fn, mesh: DeviceMesh) -> Plan:
     return forced_plan(model, inputs, loss_fn, mesh, **FORCED[kind](mesh))[1]
 
 
-def _batch_split(mesh, rank):
-    axes = "".join(str(a) for a in range(mesh.ndim))
-    return f"S{axes}" + "R" * (rank - 1)
-
-
 FORCED = {
     # Parameters replicated, the batch split over every axis.
-    "dp": lambda mesh: {"params": {}, "inputs": {"args_0": _batch_split(mesh, 2)}},
-    "dp_tokens": lambda mesh: {"params": {}, "inputs": {"input_ids": _batch_split(mesh, 2),
-                                                       "labels": _batch_split(mesh, 2)}},
+    "dp": lambda mesh: {"params": {}, "inputs": {"args_0": BATCH}},
+    "dp_tokens": lambda mesh: {"params": {}, "inputs": {"input_ids": BATCH, "labels": BATCH}},
     # Megatron: column-parallel then row-parallel linear, input replicated.
     "megatron": lambda mesh: {"params": {r"fc1\.weight": "S0R", r"fc1\.bias": "S0",
                                          r"fc2\.weight": "RS0"}, "inputs": {"args_0": "RR"}},

@@ -29,7 +29,8 @@ CASES = {
     (4,): [
         ("mlp", "solver"), ("mlp", "dp"), ("mlp", "megatron"), ("mlp", "solver_slow"),
         ("resnet", "solver_slow"), ("gpt2", "solver_slow"), ("gpt2", "vocab"),
-        ("llama", "solver_slow"), ("block", "heads"),
+        ("llama", "solver_slow"), ("block", "heads"), ("resnet", "solver"), ("gpt2", "solver"),
+        ("llama", "solver"),
     ],
     (2, 2): [
         ("mlp", "solver"), ("mlp", "2d"), ("mlp", "dp"), ("resnet", "solver_slow"),

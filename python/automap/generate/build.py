@@ -120,6 +120,7 @@ class _Pass:
             return self.em.convert(value, self.spec_of(producer, index), node_plan.inputs[0],
                                    _tensor_val(node).shape, _dtype_bytes(node))
         args, kwargs = self.inputs(node, node_plan)
+        self.check_in_place(node, args, kwargs)
         partial = list(node_plan.partial_axes)
         bias = None
         if node_plan.kind == "view" or family in ("expand", "unflatten"):
@@ -183,6 +184,25 @@ class _Pass:
 
         args, kwargs = pytree.tree_map_only(fx.Node, local, (node.args, node.kwargs))
         return tuple(args), dict(kwargs)
+
+    def check_in_place(self, node: fx.Node, args: tuple, kwargs: dict) -> None:
+        """An in-place op must mutate the tensor itself, not a converted copy, when the
+        tensor is state (batch-norm statistics) or read again later."""
+        schema = getattr(node.target, "_schema", None)
+        if schema is None:
+            return
+        for i, arg in enumerate(schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            old = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            new = args[i] if i < len(args) else kwargs.get(arg.name)
+            if not isinstance(old, fx.Node) or new is self.env[old.name]:
+                continue
+            if self.traced.state_of(old.name) is not None or len(old.users) > 1:
+                raise AutomapError(
+                    f"{node.name} ({op_family(node)}) writes into {old.name}, but the plan "
+                    f"gives {old.name} another layout there, so the write would be lost; the "
+                    "plan must keep an in-place op's mutated input in its producer's spec")
 
     def add_bias(self, node, family, value, bias, partial, scatter_dim) -> fx.Node:
         out_shape = list(_tensor_val(node).shape)
