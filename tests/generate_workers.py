@@ -70,6 +70,12 @@ FORCED = {
     # Megatron: column-parallel then row-parallel linear, input replicated.
     "megatron": lambda mesh: {"params": {r"fc1\.weight": "S0R", r"fc1\.bias": "S0",
                                          r"fc2\.weight": "RS0"}, "inputs": {"args_0": "RR"}},
+    # Column-parallel, then the batch split: the activation changes its split dim
+    # (an all-to-all).
+    "reshard": lambda mesh: {"params": {r"fc1\.weight": "S0R", r"fc1\.bias": "S0"},
+                             "inputs": {"args_0": "RR"},
+                             "ops": {"gelu": lambda ins, outs: outs[0] == "RS0",
+                                     "linear_1": lambda ins, outs: ins[:2] == ("S0R", "RR")}},
     # 2-D: batch on axis 0, Megatron on axis 1.
     "2d": lambda mesh: {"params": {r"fc1\.weight": "S1R", r"fc1\.bias": "S1",
                                    r"fc2\.weight": "RS1"}, "inputs": {"args_0": "S0R"},

@@ -27,7 +27,8 @@ TOL = 1e-5
 
 CASES = {
     (4,): [
-        ("mlp", "solver"), ("mlp", "dp"), ("mlp", "megatron"), ("mlp", "solver_slow"),
+        ("mlp", "solver"), ("mlp", "dp"), ("mlp", "megatron"), ("mlp", "reshard"),
+        ("mlp", "solver_slow"),
         ("resnet", "solver_slow"), ("gpt2", "solver_slow"), ("gpt2", "vocab"),
         ("llama", "solver_slow"), ("block", "heads"), ("resnet", "solver"), ("gpt2", "solver"),
         ("llama", "solver"),
@@ -44,6 +45,7 @@ CASES = {
 MUST_USE = {
     "dp": [("bucketed_grad_sync",), ("take_shard",), ("loss_denominator",)],
     "megatron": [("all_reduce_sum", "reduce_scatter_dim")],
+    "reshard": [("all_to_all_dims",), ("loss_denominator",)],
     "2d": [("all_reduce_sum", "reduce_scatter_dim"), ("bucketed_grad_sync",), ("take_shard",)],
     "vocab": [("vocab_parallel_embedding",)],
     "heads": [("all_reduce_sum", "reduce_scatter_dim")],
