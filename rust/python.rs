@@ -593,6 +593,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reshape_strategies, m)?)?;
     m.add_function(wrap_pyfunction!(detect_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(linearize, m)?)?;
+    crate::python_rotor::register(m)?;
     m.add_function(wrap_pyfunction!(py_clear_layout_cache, m)?)?;
     Ok(())
 }

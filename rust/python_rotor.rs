@@ -11,7 +11,6 @@ use crate::rotor::{self, Chain, CheckpointBlock, RotorError, Stage};
 /// Add `solve_rotor`, `RotorSchedule` and `CheckpointBlock` to the module.
 // Called from `_core` in python.rs (`crate::python_rotor::register(m)?;`);
 // the allow can go once that line is in.
-#[allow(dead_code)]
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRotorSchedule>()?;
     m.add_class::<PyCheckpointBlock>()?;

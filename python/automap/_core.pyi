@@ -4,6 +4,7 @@ from collections.abc import Sequence
 from typing import Any, final
 
 __all__ = [
+    "CheckpointBlock",
     "LayoutPath",
     "LayoutStep",
     "Mesh",
@@ -17,6 +18,8 @@ __all__ = [
     "linearize",
     "reshape_strategies",
     "resharding_costs",
+    "RotorSchedule",
+    "solve_rotor",
 ]
 
 @final
@@ -104,6 +107,52 @@ class LayoutPath:
     def cost_s(self) -> float: ...
     def __len__(self) -> int: ...
 
+@final
+class CheckpointBlock:
+    @property
+    def start_stage(self) -> int: ...
+    @property
+    def end_stage(self) -> int: ...
+    @property
+    def children(self) -> list[CheckpointBlock]: ...
+
+@final
+class RotorSchedule:
+    @property
+    def ops(self) -> list[tuple[str, int]]: ...
+    @property
+    def blocks(self) -> list[CheckpointBlock]: ...
+    @property
+    def predicted_time_s(self) -> float: ...
+    @property
+    def peak_memory_bytes(self) -> int: ...
+    @property
+    def no_recompute_time_s(self) -> float: ...
+    @property
+    def budget_bytes(self) -> int: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def recompute_time_s(self) -> float: ...
+
+def solve_rotor(
+    fwd_compute_s: Sequence[float],
+    bwd_compute_s: Sequence[float],
+    out_bytes: Sequence[int],
+    saved_bytes: Sequence[int],
+    budget_bytes: int,
+    *,
+    fwd_comm_s: Sequence[float] | None = None,
+    bwd_comm_s: Sequence[float] | None = None,
+    fwd_tmp_bytes: Sequence[int] | None = None,
+    fwd_comm_tmp_bytes: Sequence[int] | None = None,
+    bwd_tmp_bytes: Sequence[int] | None = None,
+    bwd_comm_tmp_bytes: Sequence[int] | None = None,
+    out_grad_bytes: Sequence[int] | None = None,
+    input_bytes: int = 0,
+    input_grad_bytes: int = 0,
+    slots: int = ...,
+) -> RotorSchedule: ...
 def layout_path(
     mesh: Any,
     src: ShardingSpec | str,

@@ -43,6 +43,10 @@ class SolverTimeLimitError(AutomapError):
     """The solver hit its time limit without any feasible plan."""
 
 
+class InvalidChainError(AutomapError, ValueError):
+    """A checkpointing chain with inconsistent stage quantities."""
+
+
 class StalePlanError(AutomapError):
     """A plan that was made for another graph, model or mesh."""
 
