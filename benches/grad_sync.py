@@ -29,7 +29,7 @@ def _batch_only(ins, outs) -> bool:
 
 def _rank_main(rank: int, world: int) -> dict:
     from automap import DeviceMesh
-    from automap.demo_train import TinyGPT2, _batch
+    from automap.demo import TinyGPT2, _batch
     from automap.generate import generate
     from automap.tracing import trace
     from forced_plans import forced_plan

@@ -1,11 +1,14 @@
 """automap: automatic intra-op parallelism and activation checkpointing for
 PyTorch training. See the README for the one-line API."""
 
+from automap.api import apply, autoparallelize
 from automap.cluster import Cluster, Device
 from automap.detect import detect_cluster
 from automap.errors import (
     AutomapError,
     InfeasibleBudgetError,
+    InfeasiblePlanError,
+    InvalidChainError,
     InvalidMeshError,
     InvalidSpecError,
     SolverTimeLimitError,
@@ -13,6 +16,7 @@ from automap.errors import (
     TraceError,
     UnsupportedOpError,
 )
+from automap.generate import ParallelModule
 from automap.layout import (
     LayoutPath,
     LayoutStep,
@@ -36,10 +40,13 @@ __all__ = [
     "Device",
     "DeviceMesh",
     "InfeasibleBudgetError",
+    "InfeasiblePlanError",
+    "InvalidChainError",
     "InvalidMeshError",
     "InvalidSpecError",
     "LayoutPath",
     "LayoutStep",
+    "ParallelModule",
     "Plan",
     "Profile",
     "ShardingSpec",
@@ -48,6 +55,8 @@ __all__ = [
     "TraceError",
     "TracedGraph",
     "UnsupportedOpError",
+    "apply",
+    "autoparallelize",
     "clear_layout_cache",
     "detect_cluster",
     "enumerate_specs",

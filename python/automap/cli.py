@@ -9,7 +9,8 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="automap", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the parallel demo on 4 local gloo ranks")
+    demo = sub.add_parser("demo", help="plan and train a tiny GPT-2 on 4 local gloo ranks "
+                          "(a 2x2 mesh), next to the serial model")
     demo.set_defaults(run=lambda args: _demo())
     from automap import detect_cli, estimate_cli, plan_cli
 
@@ -21,9 +22,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _demo() -> int:
-    from automap.demo import run_demo
+    from automap.demo import run_training_demo
 
-    return run_demo()
+    return run_training_demo()
 
 
 if __name__ == "__main__":
