@@ -177,3 +177,13 @@ def test_default_loss_forms():
 )
 def test_module_paths_are_normalised(raw, expected):
     assert normalize_module_path(raw) == expected
+
+
+def test_one_tensor_passed_twice_stays_two_inputs():
+    class Two(torch.nn.Module):
+        def forward(self, a, b):
+            return (a * 2 - b).sum()
+
+    x = torch.randn(3)
+    traced = trace(Two(), (x, x))
+    assert len(traced.user_input_nodes) == 2

@@ -68,21 +68,8 @@ def apply(plan: Plan, model: nn.Module, example_inputs: Any, *, loss_fn=None,
 
 
 def _trace(model, example_inputs, loss_fn):
-    from torch.utils import _pytree as pytree
-
     from automap.tracing import default_loss, trace
 
-    # torch.export merges inputs that are one tensor (input_ids=ids, labels=ids) into
-    # one placeholder; the module would then read one where the user passes two.
-    seen: set[int] = set()
-
-    def distinct(t: torch.Tensor) -> torch.Tensor:
-        if id(t) in seen:
-            return t.clone()
-        seen.add(id(t))
-        return t
-
-    example_inputs = pytree.tree_map_only(torch.Tensor, distinct, example_inputs)
     return trace(model, example_inputs, loss_fn=loss_fn or default_loss)
 
 

@@ -251,6 +251,22 @@ def split_inputs(example_inputs: Any) -> tuple[tuple, dict]:
     return (example_inputs,), {}
 
 
+def distinct_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The inputs with every repeated tensor replaced by a copy. torch.export
+    merges arguments that are one tensor (``input_ids=ids, labels=ids``) into one
+    placeholder; a module built from that graph would read one where the user
+    later passes two."""
+    seen: set[int] = set()
+
+    def distinct(t: torch.Tensor) -> torch.Tensor:
+        if id(t) in seen:
+            return t.clone()
+        seen.add(id(t))
+        return t
+
+    return pytree.tree_map_only(torch.Tensor, distinct, (args, kwargs))
+
+
 def trace(
     model: nn.Module,
     example_inputs: Any,
@@ -271,7 +287,7 @@ def trace(
     """
     if not isinstance(model, nn.Module):
         raise TraceError(f"trace expects an nn.Module, got {type(model).__name__}")
-    args, kwargs = split_inputs(example_inputs)
+    args, kwargs = distinct_inputs(*split_inputs(example_inputs))
     is_hf = hf_compat.is_hf_model(model)
     step = _Step(model, loss_fn, hf_compat.call_kwargs(model) if is_hf else {})
     step.training = model.training  # not .train(): it would reset every submodule's mode

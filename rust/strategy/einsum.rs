@@ -293,15 +293,27 @@ fn price(
         dims[d].extend(&partial);
         let scattered =
             ShardingSpec::from_dims(&dims).expect("partial axes are free in the output");
+        // An additive input (a bias) joins after the reduce-scatter: where it
+        // lacks the scattered letter, its gradient sums a split output gradient.
+        let mut grads = grad_reduce_axes.clone();
+        let mut bias_grad_s = 0.0;
+        for (i, operand) in sig.inputs.iter().enumerate() {
+            if sig.input_additive[i] && sig.input_needs_grad[i] && !operand.contains(&l) {
+                grads[i].extend(&partial);
+                grads[i].sort_unstable();
+                let local = sig.input_bytes[i] / shard_count(operand, per_letter, mesh);
+                bias_grad_s += cost.collective_s(Collective::AllReduce, local, &partial);
+            }
+        }
         out.push(Strategy {
             inputs: inputs.clone(),
             outputs: vec![scattered],
             compute_s,
             forward_comm_s: scatter,
-            backward_comm_s: backward_comm_s + gather_grad,
+            backward_comm_s: backward_comm_s + gather_grad + bias_grad_s,
             partial_axes: partial.clone(),
             scatter_dim: Some(d),
-            grad_reduce_axes: grad_reduce_axes.clone(),
+            grad_reduce_axes: grads,
         });
     }
 }
@@ -408,6 +420,17 @@ mod tests {
             .find(|st| st.inputs[1].to_string() == "RS0" && st.scatter_dim.is_none())
             .unwrap();
         assert_eq!(row.grad_reduce_axes, vec![Vec::<usize>::new(); 3]);
+        // Reduce-scattered onto the batch: the bias lacks it, its gradient is partial.
+        let onto_batch = s
+            .iter()
+            .find(|st| st.inputs[1].to_string() == "RS0" && st.scatter_dim == Some(0))
+            .unwrap();
+        assert_eq!(onto_batch.grad_reduce_axes, vec![vec![], vec![], vec![0]]);
+        let onto_features = s
+            .iter()
+            .find(|st| st.inputs[1].to_string() == "RS0" && st.scatter_dim == Some(1))
+            .unwrap();
+        assert_eq!(onto_features.grad_reduce_axes, vec![Vec::<usize>::new(); 3]);
         let dp = s
             .iter()
             .find(|st| st.inputs[0].to_string() == "S0R")

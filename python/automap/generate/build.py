@@ -210,15 +210,15 @@ class _Pass:
         conv = family.startswith("conv")
         if scatter_dim is not None:
             # The output is split along scatter_dim over the partial axes: so is the
-            # bias's share, or, where the bias is broadcast there, its gradient is partial.
+            # bias's share where the bias has that dim.
             if conv:
                 bias_dim = 0 if scatter_dim == 1 else None
             else:
                 d = scatter_dim - (len(out_shape) - len(bias_shape))
                 bias_dim = d if d >= 0 and bias_shape[d] == out_shape[scatter_dim] else None
-            if bias_dim is None:
-                bias = self.em.reduce_grad(bias, partial)
-            else:
+            # Where the bias is broadcast along scatter_dim, its gradient is partial:
+            # the plan's grad_reduce_axes reduce it (the wrap in inputs()).
+            if bias_dim is not None:
                 bias = self.em.call(split_dim, bias, bias_dim, self.em.group(partial))
         if conv:
             bias = self.em.call(torch.ops.aten.view.default, bias,
