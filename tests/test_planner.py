@@ -129,3 +129,35 @@ def test_follower_merging_costs_little_on_a_gpt2_block(small_batch_block):
     assert merged.solver["binaries"] < exact.solver["binaries"]
     assert exact.solver["objective_s"] <= merged.solver["objective_s"] * (1 + 1e-9)
     assert merged.solver["objective_s"] <= exact.solver["objective_s"] * 1.01
+
+
+def test_in_place_ops_read_their_mutated_input_as_produced():
+    """h.add_(g): converting h first would be cheapest here (h arrives split by
+    rows, g and the consumer want columns), but the generator cannot convert a
+    tensor an op writes into; the plan converts g and the result instead."""
+
+    class InPlace(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.c = torch.nn.Linear(16, 64), torch.nn.Linear(16, 64)
+            self.b = torch.nn.Linear(64, 16)
+
+        def forward(self, x):
+            h, g = self.a(x), self.c(x)
+            h.add_(g)
+            return self.b(h).pow(2).mean()
+
+    def forced(table, node):
+        want = {"linear": ("S0R",), "linear_1": ("RS0",)}.get(node.name)
+        if want is not None:
+            return [o == want for o in node.out_specs]
+        if node.name == "linear_2":
+            return [i[0] == "RS0" for i in node.in_specs]
+        return [True] * len(node)
+
+    with torch.device("meta"):
+        model, x = InPlace(), torch.randn(32, 16)
+    p = plan(model, (x,), DeviceMesh((4,)), strategy_filter=forced)
+    add = next(n for n in p.nodes.values() if n.op == "add_")
+    converted = {e.input_index for e in p.edges if e.consumer == add.name and e.steps}
+    assert converted == {1}, p.explain()  # g is converted, h (input 0) is not

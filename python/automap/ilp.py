@@ -158,6 +158,9 @@ def solve_ilp(
         info = nodes[producer].outputs[o]
         r = resharding_cost_matrix(table.mesh, list(ua), list(ub), info.shape, info.dtype_bytes)
         r = r * ew.get((producer, o, consumer, k), 1.0)
+        if k == 0 and _in_place(nodes[consumer].op):
+            # The op writes into this input: it must arrive as produced.
+            r = np.where(ua[:, None] == ub[None, :], r, r + _FORBIDDEN_S)
         if not r.any():
             continue
         if ru == rv:
@@ -288,6 +291,13 @@ def solve_ilp(
 
 
 _US = 1e6
+#: Price of a conversion the generator cannot run (into an in-place op's
+#: mutated input): the solver takes one only when nothing else exists.
+_FORBIDDEN_S = 1e3
+
+
+def _in_place(op: str) -> bool:
+    return op.endswith("_") and not op.startswith("_")
 
 
 def _tie_map(table: StrategyTable, blocks) -> dict[str, str]:
