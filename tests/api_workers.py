@@ -39,6 +39,15 @@ def api_checks(rank: int, world: int) -> dict:
     out["default_mesh"] = module.plan.mesh.shape
     out["default_loss"] = (module(*inputs).item(), serial_loss)
 
+    # A cluster instead of a mesh: its best mesh of the world's size.
+    from automap import Cluster
+
+    cluster = Cluster.from_dict({"version": 1, "devices": world, "tiers": [
+        {"group_size": world, "alpha_s": 1e-5, "bandwidth_bytes_per_s": 1e10}]})
+    module = autoparallelize(model, inputs, mesh=cluster, loss_fn=loss_fn, flops_per_s=1e6)
+    out["cluster_mesh"] = module.plan.mesh.shape
+    out["cluster_loss"] = (module(*inputs).item(), serial_loss)
+
     # A plan of another graph, or of a model changed since planning.
     other, other_inputs, other_loss = build("mlp")
     other.fc2 = torch.nn.Linear(256, 256, bias=False)

@@ -21,6 +21,9 @@ def test_api_on_two_ranks():
         assert "DeviceMesh((2,))" in r["mesh_error"]
         assert "re-plan" in r["stale_error"]
         assert r["default_mesh"] == (2,)
+        assert r["cluster_mesh"] == (2,)
+        got, want = r["cluster_loss"]
+        assert abs(got - want) <= 1e-5 * abs(want)
         parallel, serial = r["default_loss"]
         assert parallel == pytest.approx(serial, rel=1e-5)
         assert r["applied_loss"] == pytest.approx(serial, rel=1e-5)

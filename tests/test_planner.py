@@ -161,3 +161,25 @@ def test_in_place_ops_read_their_mutated_input_as_produced():
     add = next(n for n in p.nodes.values() if n.op == "add_")
     converted = {e.input_index for e in p.edges if e.consumer == add.name and e.steps}
     assert converted == {1}, p.explain()  # g is converted, h (input 0) is not
+
+
+def test_a_cluster_json_plans_on_its_best_meshes(tmp_path, small_batch_block):
+    """A hand-written cluster JSON (the MAP paper's box): plan tries its top
+    meshes and keeps the fastest; the device FLOP/s come from the file."""
+    import json
+
+    model, inputs, loss = small_batch_block
+    box = {"version": 1, "devices": 8,
+           "device": {"kind": "cuda", "name": "A100", "sustained_flops_per_s": 3e13},
+           "tiers": [{"group_size": 2, "alpha_s": 5e-6, "bandwidth_bytes_per_s": 2e11},
+                     {"group_size": 4, "alpha_s": 1e-5, "bandwidth_bytes_per_s": 2e10},
+                     {"group_size": 8, "alpha_s": 2e-5, "bandwidth_bytes_per_s": 1e10}]}
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(box))
+    best = plan(model, inputs, str(path), loss_fn=loss)
+    assert best.cost_constants["flops_per_s"] == 3e13
+    candidates = automap.Cluster.from_json(str(path)).meshes()[:3]
+    assert best.mesh in candidates
+    each = [plan(model, inputs, m, loss_fn=loss, flops_per_s=3e13).predicted_step_s
+            for m in candidates]
+    assert best.predicted_step_s == pytest.approx(min(each))

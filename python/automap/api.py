@@ -29,7 +29,8 @@ def autoparallelize(
     seed: int = 0,
     **plan_options,
 ):
-    """Plan ``model`` on ``mesh`` (default: 1-D over the whole world) within
+    """Plan ``model`` on ``mesh`` (default: 1-D over the whole world; a
+    ``Cluster`` or cluster JSON path tries its best meshes of the world's size) within
     ``memory_budget_bytes`` per device (default: the GPU's memory; unlimited on
     CPU), or check and use ``plan``, and return this rank's ``ParallelModule``.
 
@@ -38,23 +39,34 @@ def autoparallelize(
     default_loss``), replicated. Rank ``mesh.ranks[0]`` solves the plan and sends
     it to the others. ``plan_options`` go to ``automap.plan`` (e.g. ``flops_per_s``).
     """
-    mesh = _mesh_for_world(mesh if mesh is not None else (plan.mesh if plan else None))
+    from automap.planner import candidate_meshes, plan_best
+    from automap.profiling import profile_traced
+
+    if plan is not None:
+        mesh = plan.mesh
+    elif mesh is None:
+        mesh = _mesh_for_world(None)
+    world = _world_size()
+    meshes, cluster_flops = candidate_meshes(mesh, size=world)
     device = _device(device)
     if memory_budget_bytes is None and device.type == "cuda":
         memory_budget_bytes = torch.cuda.get_device_properties(device).total_memory
-    from automap.planner import plan_traced
-    from automap.profiling import profile_traced
+    if cluster_flops and "flops_per_s" not in plan_options:
+        plan_options["flops_per_s"] = cluster_flops
 
     traced = _trace(model, example_inputs, loss_fn)
     if plan is None:
+        for candidate in meshes:
+            _mesh_for_world(candidate)  # each must match the world before anyone plans
+        leader = meshes[0].ranks[0]
         payload = [None]
-        if dist.get_rank() == mesh.ranks[0]:
-            found = plan_traced(traced, profile_traced(traced, optimizer), mesh,
-                                memory_budget_bytes, optimizer=optimizer, **plan_options)
+        if dist.get_rank() == leader:
+            found = plan_best(traced, profile_traced(traced, optimizer), meshes,
+                              memory_budget_bytes, optimizer=optimizer, **plan_options)
             payload = [found.to_dict()]
-        dist.broadcast_object_list(payload, src=mesh.ranks[0])
+        dist.broadcast_object_list(payload, src=leader)
         plan = Plan.from_dict(payload[0])
-    return _generate(traced, plan, model, mesh, device, local_inputs, seed)
+    return _generate(traced, plan, model, _mesh_for_world(plan.mesh), device, local_inputs, seed)
 
 
 def apply(plan: Plan, model: nn.Module, example_inputs: Any, *, loss_fn=None,
@@ -81,13 +93,17 @@ def _generate(traced, plan: Plan, model, mesh: DeviceMesh, device, local_inputs,
                     local_inputs=local_inputs, seed=seed)
 
 
-def _mesh_for_world(mesh) -> DeviceMesh:
+def _world_size() -> int:
     if not dist.is_available() or not dist.is_initialized():
         raise InvalidMeshError(
             "automap.autoparallelize needs an initialised process group: launch with "
             "torchrun --nproc-per-node N and call torch.distributed.init_process_group() first "
             "(automap.plan works without one)")
-    world = dist.get_world_size()
+    return dist.get_world_size()
+
+
+def _mesh_for_world(mesh) -> DeviceMesh:
+    world = _world_size()
     if mesh is None:
         return DeviceMesh((world,))
     if not isinstance(mesh, DeviceMesh):

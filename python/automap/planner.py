@@ -4,6 +4,7 @@ package the result as a Plan. No process group and no weights needed."""
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from typing import Any
 
@@ -12,27 +13,66 @@ from torch import nn
 
 from automap.blocks import detect_blocks
 from automap.depth import multiplicities, reduced_depth
-from automap.errors import InvalidMeshError
+from automap.errors import InfeasibleBudgetError, InvalidMeshError
 from automap.ilp import solve_ilp
 from automap.layout import layout_path
 from automap.mesh import DeviceMesh
 from automap.plan import EdgePlan, NodePlan, Plan, current_versions, graph_fingerprint
 from automap.strategies import build_strategy_table, restrict
 
-#: Sustained FLOP/s assumed when none is given: an A100's dense fp32/tf32 rate
-#: under typical efficiency. Only the ratio to link speeds matters for a plan.
+#: Sustained FLOP/s assumed when neither the caller nor the cluster gives one:
+#: an A100's tf32 rate under typical efficiency. Only its ratio to the link
+#: speeds matters for a plan.
 DEFAULT_FLOPS_PER_S = 100e12
+
+
+def candidate_meshes(mesh, top_k: int = 3, size: int | None = None):
+    """The meshes to plan on and the device FLOP/s if known: a ``DeviceMesh`` or
+    a shape is itself; a ``Cluster`` (or a path to its JSON, written by
+    ``automap detect`` or by hand) gives its ``top_k`` ranked meshes (of
+    ``size`` devices when given)."""
+    from automap.cluster import Cluster
+
+    if isinstance(mesh, (str, os.PathLike)):
+        mesh = Cluster.from_json(os.fspath(mesh))
+    if isinstance(mesh, Cluster):
+        meshes = [m for m in mesh.meshes() if size is None or m.size == size][:top_k]
+        if not meshes:
+            raise InvalidMeshError(f"the cluster has no mesh of {size} devices")
+        return meshes, mesh.sustained_flops_per_s
+    if mesh is None:
+        raise InvalidMeshError("plan needs a mesh (e.g. automap.DeviceMesh((2, 4))) or a "
+                               "cluster (automap.Cluster or a cluster JSON path)")
+    return [mesh if isinstance(mesh, DeviceMesh) else DeviceMesh(mesh)], None
+
+
+def plan_best(traced, profile, meshes, memory_budget_bytes=None, **options) -> Plan:
+    """The fastest feasible plan over ``meshes``; when none fits the budget,
+    the error names the smallest budget any of them needs."""
+    best, errors = None, []
+    for mesh in meshes:
+        try:
+            found = plan_traced(traced, profile, mesh, memory_budget_bytes, **options)
+        except InfeasibleBudgetError as err:
+            errors.append(err)
+            continue
+        if best is None or found.predicted_step_s < best.predicted_step_s:
+            best = found
+    if best is None:
+        known = [e for e in errors if e.smallest_feasible_budget_bytes is not None]
+        raise min(known, key=lambda e: e.smallest_feasible_budget_bytes) if known else errors[0]
+    return best
 
 
 def plan(
     model: nn.Module,
     example_inputs: Any,
-    mesh: DeviceMesh | tuple | None = None,
+    mesh=None,
     memory_budget_bytes: float | None = None,
     *,
     loss_fn=None,
     optimizer: str = "adamw",
-    flops_per_s: float = DEFAULT_FLOPS_PER_S,
+    flops_per_s: float | None = None,
     strict: bool = False,
     time_limit_s: float = 60.0,
     merge_followers: bool = True,
@@ -41,18 +81,17 @@ def plan(
     strategy_filter=None,
     verbose: bool = False,
 ) -> Plan:
-    """Search the intra-op sharding plan of ``model`` on ``mesh`` that
-    minimises the estimated step time within ``memory_budget_bytes`` per
+    """Search the intra-op sharding plan of ``model`` on ``mesh`` (a
+    ``DeviceMesh``, a shape, or a ``Cluster`` / cluster JSON path whose best few
+    meshes are tried) that minimises the estimated step time within ``memory_budget_bytes`` per
     device (None: no limit). Repeated blocks share one decision unless
     ``tie_blocks=False``. ``loss_fn`` maps the model's output to the loss
     (default: ``automap.tracing.default_loss``)."""
     from automap.profiling import profile_traced
     from automap.tracing import default_loss, trace
 
-    if mesh is None:
-        raise InvalidMeshError("plan needs a mesh, e.g. automap.DeviceMesh((2, 4))")
-    if not isinstance(mesh, DeviceMesh):
-        mesh = DeviceMesh(mesh)
+    meshes, cluster_flops = candidate_meshes(mesh)
+    flops_per_s = flops_per_s or cluster_flops or DEFAULT_FLOPS_PER_S
     t0 = time.perf_counter()
     # Plans cover the whole training step, so the graph ends in the loss.
     with reduced_depth(model) if reduce_depth else contextlib.nullcontext([]) as stacks:
@@ -61,7 +100,7 @@ def plan(
     t1 = time.perf_counter()
     if verbose:
         print(f"automap: traced and profiled {len(traced.nodes)} nodes in {t1 - t0:.2f} s")
-    return plan_traced(traced, profile, mesh, memory_budget_bytes, optimizer=optimizer,
+    return plan_best(traced, profile, meshes, memory_budget_bytes, optimizer=optimizer,
                        flops_per_s=flops_per_s, strict=strict, time_limit_s=time_limit_s,
                        merge_followers=merge_followers, tie_blocks=tie_blocks or bool(stacks),
                        stacks=stacks, strategy_filter=strategy_filter, trace_s=t1 - t0,
