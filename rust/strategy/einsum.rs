@@ -119,70 +119,52 @@ pub fn einsum_strategies(sig: &EinsumSignature, cost: &CostModel) -> Result<Vec<
     let axes: Vec<usize> = (0..cost.mesh_shape.len())
         .filter(|&a| cost.mesh_shape[a] > 1)
         .collect();
-    let mut per_letter: Vec<Vec<usize>> = vec![Vec::new(); sig.letter_sizes.len()];
-    let mut out = Vec::new();
-    assign(
-        0,
-        &axes,
+    let walk = Walk {
         sig,
         cost,
-        &splittable,
-        &contracted,
-        &mut per_letter,
-        &mut out,
-    );
+        splittable: &splittable,
+        contracted: &contracted,
+        axes: &axes,
+    };
+    let mut per_letter: Vec<Vec<usize>> = vec![Vec::new(); sig.letter_sizes.len()];
+    let mut out = Vec::new();
+    walk.assign(0, &mut per_letter, &mut out);
     Ok(out)
 }
 
-/// Recursively give each axis to no letter or to a letter (at any position
-/// among the axes the letter already has), then price the assignment.
-#[allow(clippy::too_many_arguments)]
-fn assign(
-    next: usize,
-    axes: &[usize],
-    sig: &EinsumSignature,
-    cost: &CostModel,
-    splittable: &[bool],
-    contracted: &[bool],
-    per_letter: &mut Vec<Vec<usize>>,
-    out: &mut Vec<Strategy>,
-) {
-    if next == axes.len() {
-        price(sig, cost, contracted, per_letter, out);
-        return;
-    }
-    let axis = axes[next];
-    assign(
-        next + 1,
-        axes,
-        sig,
-        cost,
-        splittable,
-        contracted,
-        per_letter,
-        out,
-    );
-    for l in 0..sig.letter_sizes.len() {
-        if !splittable[l] {
-            continue;
+/// What stays fixed while axes are handed out to letters.
+struct Walk<'a> {
+    sig: &'a EinsumSignature,
+    cost: &'a CostModel,
+    splittable: &'a [bool],
+    contracted: &'a [bool],
+    axes: &'a [usize],
+}
+
+impl Walk<'_> {
+    /// Give axis `next` (and recursively the rest) to no letter or to a letter,
+    /// at any position among the axes the letter already has; price each result.
+    fn assign(&self, next: usize, per_letter: &mut Vec<Vec<usize>>, out: &mut Vec<Strategy>) {
+        if next == self.axes.len() {
+            price(self.sig, self.cost, self.contracted, per_letter, out);
+            return;
         }
-        let parts: usize = per_letter[l].iter().map(|&a| cost.mesh_shape[a]).product();
-        if !sig.letter_sizes[l].is_multiple_of(parts * cost.mesh_shape[axis]) {
-            continue;
-        }
-        for pos in 0..=per_letter[l].len() {
-            per_letter[l].insert(pos, axis);
-            assign(
-                next + 1,
-                axes,
-                sig,
-                cost,
-                splittable,
-                contracted,
-                per_letter,
-                out,
-            );
-            per_letter[l].remove(pos);
+        let axis = self.axes[next];
+        let n = self.cost.mesh_shape[axis];
+        self.assign(next + 1, per_letter, out);
+        for l in 0..self.sig.letter_sizes.len() {
+            let parts: usize = per_letter[l]
+                .iter()
+                .map(|&a| self.cost.mesh_shape[a])
+                .product();
+            if !self.splittable[l] || !self.sig.letter_sizes[l].is_multiple_of(parts * n) {
+                continue;
+            }
+            for pos in 0..=per_letter[l].len() {
+                per_letter[l].insert(pos, axis);
+                self.assign(next + 1, per_letter, out);
+                per_letter[l].remove(pos);
+            }
         }
     }
 }
