@@ -19,6 +19,8 @@ and the ratio beside the paper's measured one.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import warnings
 
 import torch
@@ -28,34 +30,15 @@ from torch import nn
 from automap import Cluster, DeviceMesh, ShardingSpec
 from automap.planner import plan
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+from gpt2_block import Block  # noqa: E402  (the example's GPT-2 block, separate q/k/v)
+
 SUSTAINED_FLOPS_PER_S = 150e12
 BUDGET_BYTES = 80 * 10**9
 BATCH, SEQ, LAYERS, VOCAB = 64, 1024, 4, 50304  # vocabulary padded to a multiple of 128
 CONFIGS = [("alpha", 1, 2048, 1.00), ("beta", 2, 4096, 1.02), ("gamma", 4, 8192, 1.14),
            ("delta", 8, 16384, 1.13)]
 TIERS = [(2, 5e-6, 2e11), (4, 1e-5, 2e10), (8, 2e-5, 1e10)]  # group size, alpha, bandwidth
-
-
-class Block(nn.Module):
-    def __init__(self, hidden: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln_1, self.ln_2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
-        self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
-        self.proj = nn.Linear(hidden, hidden)
-        self.fc1, self.fc2 = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
-
-    def forward(self, x):
-        b, s, h = x.shape
-        y = self.ln_1(x)
-
-        def split(t):
-            return t.view(b, s, self.heads, h // self.heads).transpose(1, 2)
-
-        a = F.scaled_dot_product_attention(split(self.q(y)), split(self.k(y)), split(self.v(y)),
-                                           is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
-        return x + self.fc2(F.gelu(self.fc1(self.ln_2(x))))
 
 
 class GPT2(nn.Module):

@@ -87,12 +87,12 @@ FORCED = {
     # Attention split by heads (q/k/v column-parallel, projection row-parallel).
     "heads": lambda mesh: {
         "params": {r"^(q|k|v)\.weight": "S0R", r"^(q|k|v)\.bias": "S0",
-                   r"attn_proj\.weight": "RS0"}, "inputs": {"args_0": "RRR"},
+                   r"^proj\.weight": "RS0"}, "inputs": {"args_0": "RRR"},
         "ops": {"scaled_dot_product_attention": lambda ins, outs: ins[0] == "RS0RR"}},
     # Attention split by batch (axis 0) and heads (axis 1).
     "batch_heads": lambda mesh: {
         "params": {r"^(q|k|v)\.weight": "S1R", r"^(q|k|v)\.bias": "S1",
-                   r"attn_proj\.weight": "RS1"}, "inputs": {"args_0": "S0RR"},
+                   r"^proj\.weight": "RS1"}, "inputs": {"args_0": "S0RR"},
         "ops": {"scaled_dot_product_attention": lambda ins, outs: ins[0] == "S0S1RR",
                 **{f"linear{i}": lambda ins, outs: ins[:2] == ("S0RR", "S1R")
                    for i in ("", "_1", "_2")}}},
