@@ -237,21 +237,6 @@ impl DeviceMesh {
         Ok(groups)
     }
 
-    /// Number of devices, slowest bandwidth and largest latency of a group of axes.
-    fn group_links(&self, axes: &[usize]) -> (usize, f64, f64) {
-        let mut n = 1;
-        let mut bw = f64::INFINITY;
-        let mut alpha = 0.0f64;
-        for &a in axes {
-            if self.shape[a] > 1 {
-                n *= self.shape[a];
-                bw = bw.min(self.bandwidth_bytes_per_s[a]);
-                alpha = alpha.max(self.alpha_s[a]);
-            }
-        }
-        (n, bw, alpha)
-    }
-
     /// Time in seconds of one collective over the devices along `axes`, with the
     /// ring formulas. `bytes` is the per-device buffer the collective is about:
     /// the output of an all-gather, the input of a reduce-scatter, the buffer of
@@ -261,9 +246,37 @@ impl DeviceMesh {
         for &a in axes {
             self.check_axis(a)?;
         }
-        let (n, bw, alpha) = self.group_links(axes);
-        Ok(ring_cost_s(kind, bytes, n, bw, alpha))
+        Ok(group_cost_s(
+            kind,
+            bytes,
+            axes,
+            &self.shape,
+            &self.alpha_s,
+            &self.bandwidth_bytes_per_s,
+        ))
     }
+}
+
+/// One collective over the devices along `axes` of a mesh given by its link
+/// arrays: one ring over all of them, at the pace of its slowest link and
+/// largest latency (axes of size 1 do not take part).
+pub fn group_cost_s(
+    kind: Collective,
+    bytes: f64,
+    axes: &[usize],
+    shape: &[usize],
+    alpha_s: &[f64],
+    bandwidth_bytes_per_s: &[f64],
+) -> f64 {
+    let mut n = 1;
+    let mut bw = f64::INFINITY;
+    let mut alpha = 0.0f64;
+    for &a in axes.iter().filter(|&&a| shape[a] > 1) {
+        n *= shape[a];
+        bw = bw.min(bandwidth_bytes_per_s[a]);
+        alpha = alpha.max(alpha_s[a]);
+    }
+    ring_cost_s(kind, bytes, n, bw, alpha)
 }
 
 /// Ring alpha-beta formulas; a group of one device costs nothing.

@@ -17,7 +17,7 @@ use crate::spec::ShardingSpec;
 use crate::strategy::einsum::{self, CostModel, EinsumSignature};
 use crate::strategy::reshape;
 
-fn error_class(py: Python<'_>, name: &str) -> PyResult<Py<PyType>> {
+pub(crate) fn error_class(py: Python<'_>, name: &str) -> PyResult<Py<PyType>> {
     static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
     let module = MODULE.get_or_try_init(py, || {
         PyModule::import(py, "automap.errors").map(Bound::unbind)

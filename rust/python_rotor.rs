@@ -2,15 +2,12 @@
 //! classes it returns. Registered by `_core` in `python.rs` through
 //! [`register`]. Bindings only; the solver is `crate::rotor`.
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
 
+use crate::python::error_class;
 use crate::rotor::{self, Chain, CheckpointBlock, RotorError, Stage};
 
 /// Add `solve_rotor`, `RotorSchedule` and `CheckpointBlock` to the module.
-// Called from `_core` in python.rs (`crate::python_rotor::register(m)?;`);
-// the allow can go once that line is in.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRotorSchedule>()?;
     m.add_class::<PyCheckpointBlock>()?;
@@ -18,37 +15,26 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// An instance of the first class of `automap.errors` in `names`, called
-/// with `args`.
-fn error_instance<'py>(
-    py: Python<'py>,
-    names: &[&str],
-    args: Bound<'py, PyTuple>,
-) -> PyResult<PyErr> {
-    let module = PyModule::import(py, "automap.errors")?;
-    for name in names {
-        if let Ok(cls) = module.getattr(*name) {
-            return Ok(PyErr::from_value(cls.call1(args)?));
-        }
-    }
-    Err(PyValueError::new_err(format!(
-        "automap.errors has none of {names:?}"
-    )))
-}
-
 fn to_py(e: RotorError) -> PyErr {
     Python::attach(|py| {
-        let made = match &e {
+        let (name, args) = match &e {
             RotorError::InfeasibleBudget {
                 min_budget_bytes, ..
-            } => (e.to_string(), *min_budget_bytes)
-                .into_pyobject(py)
-                .and_then(|args| error_instance(py, &["InfeasibleBudgetError"], args)),
-            // InvalidChainError once automap.errors has it.
-            RotorError::InvalidChain(msg) | RotorError::InvalidSchedule(msg) => (msg.clone(),)
-                .into_pyobject(py)
-                .and_then(|args| error_instance(py, &["InvalidChainError", "AutomapError"], args)),
+            } => (
+                "InfeasibleBudgetError",
+                (e.to_string(), Some(*min_budget_bytes)),
+            ),
+            RotorError::InvalidChain(msg) | RotorError::InvalidSchedule(msg) => {
+                ("InvalidChainError", (msg.clone(), None))
+            }
         };
+        let made = error_class(py, name).and_then(|cls| {
+            let value = match args.1 {
+                Some(least) => cls.bind(py).call1((args.0, least))?,
+                None => cls.bind(py).call1((args.0,))?,
+            };
+            Ok(PyErr::from_value(value))
+        });
         made.unwrap_or_else(|err| err)
     })
 }

@@ -64,6 +64,7 @@
 //! [`RotorError::InfeasibleBudget`] with the smallest budget that fits.
 
 mod chain;
+mod example;
 mod schedule;
 mod sizes;
 mod solve;
@@ -73,5 +74,6 @@ mod table;
 mod tests;
 
 pub use chain::{Chain, RotorError, Stage};
+pub use example::example_chain;
 pub use schedule::{ops_of_blocks, simulate, CheckpointBlock, Op, Replay};
 pub use solve::{min_budget_bytes, solve, solve_with_threads, Schedule, DEFAULT_SLOTS};

@@ -433,37 +433,10 @@ fn larger_chain_solves_with_threads() {
     assert_eq!(ops_of_blocks(60, &a.blocks), a.ops);
 }
 
-/// The chain of `benches/rotor.rs` (same generator).
+/// The chain of `benches/rotor.rs`, with a budget 2/5 of the way from the
+/// least feasible to the store-everything peak.
 fn bench_chain(len: usize) -> (Chain, u64) {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ len as u64;
-    let mut next = move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n
-    };
-    const MIB: u64 = 1 << 20;
-    let stages = (0..len)
-        .map(|k| {
-            let out = (8 + next(57)) * MIB;
-            let fwd = 1e-3 * (1.0 + next(40) as f64 / 10.0);
-            let comm = k % 3 == 0;
-            Stage {
-                fwd_compute_s: fwd,
-                fwd_comm_s: if comm { 2e-4 } else { 0.0 },
-                bwd_compute_s: 2.0 * fwd,
-                bwd_comm_s: if comm { 2e-4 } else { 0.0 },
-                fwd_tmp_bytes: next(8) * MIB,
-                fwd_comm_tmp_bytes: if comm { out / 2 } else { 0 },
-                bwd_tmp_bytes: out,
-                bwd_comm_tmp_bytes: if comm { out / 2 } else { 0 },
-                out_bytes: out,
-                saved_bytes: out * (2 + next(4)),
-                out_grad_bytes: out,
-            }
-        })
-        .collect();
-    let chain = Chain::new(stages, 32 * MIB, 0).unwrap();
+    let chain = super::example_chain(len);
     let max = simulate(&chain, &store_all_ops(len))
         .unwrap()
         .peak_memory_bytes;

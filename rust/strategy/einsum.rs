@@ -12,7 +12,7 @@
 //!   a column-parallel layer): the backward all-reduces it. An additive input
 //!   (a bias) lacks contracted letters without its gradient being partial.
 
-use crate::mesh::{ring_cost_s, Collective};
+use crate::mesh::{group_cost_s, Collective};
 use crate::spec::ShardingSpec;
 
 use super::Strategy;
@@ -50,17 +50,14 @@ pub struct CostModel {
 impl CostModel {
     /// One collective over a set of mesh axes (one ring over all of them).
     pub fn collective_s(&self, kind: Collective, bytes: f64, axes: &[usize]) -> f64 {
-        let mut n = 1;
-        let mut bw = f64::INFINITY;
-        let mut alpha = 0.0f64;
-        for &a in axes {
-            if self.mesh_shape[a] > 1 {
-                n *= self.mesh_shape[a];
-                bw = bw.min(self.bandwidth_bytes_per_s[a]);
-                alpha = alpha.max(self.alpha_s[a]);
-            }
-        }
-        ring_cost_s(kind, bytes, n, bw, alpha)
+        group_cost_s(
+            kind,
+            bytes,
+            axes,
+            &self.mesh_shape,
+            &self.alpha_s,
+            &self.bandwidth_bytes_per_s,
+        )
     }
 }
 
