@@ -103,6 +103,10 @@ struct PyRotorSchedule {
     budget_bytes: u64,
     #[pyo3(get)]
     slots: usize,
+    /// Per op of `ops`: the bytes live while it runs (its outputs and
+    /// temporaries included): the predicted memory timeline.
+    #[pyo3(get)]
+    op_memory_bytes: Vec<u64>,
 }
 
 #[pymethods]
@@ -205,6 +209,7 @@ fn solve_rotor(
     let sch = py
         .detach(|| rotor::solve(&chain, budget_bytes, slots))
         .map_err(to_py)?;
+    let replay = rotor::simulate(&chain, &sch.ops).map_err(to_py)?;
     Ok(PyRotorSchedule {
         ops: sch.ops.iter().map(|op| (op.name(), op.stage())).collect(),
         blocks: blocks_to_py(py, &sch.blocks)?,
@@ -213,5 +218,6 @@ fn solve_rotor(
         no_recompute_time_s: sch.no_recompute_time_s,
         budget_bytes: sch.budget_bytes,
         slots: sch.slots,
+        op_memory_bytes: replay.op_memory_bytes,
     })
 }

@@ -1,64 +1,165 @@
-"""Activation checkpointing on one device: the linearized stages of a traced
-graph become a rotor chain (MAP Tables 1-2) priced from the profile, and the
-rotor DP (rust/rotor) picks the fastest schedule within a memory budget.
-Communication terms are zero here; the two-stage search adds them from a
-plan's collectives."""
+"""Activation checkpointing (MAP section 5.2): the linearized stages of a traced
+graph become a rotor chain (the paper's Tables 1 and 2) priced under a
+sharding plan, and the rotor DP (rust/rotor) picks the fastest schedule of
+nested checkpoint regions within a memory budget.
+
+Per stage and per device, under the strategies the plan chose:
+
+- ``u_f``, ``u_b``: the nodes' local compute, split between forward and
+  backward by their profiled FLOPs;
+- ``u_fcomm``, ``u_bcomm``: the nodes' own collectives (partial-sum
+  reductions forward, gradient reductions backward) and the layout
+  conversions into them, forward and backward; a recomputed forward runs its
+  collectives again and pays them again;
+- ``ω_a``: the local bytes of the stage's tensors that later stages read;
+  ``ω_ā``: those plus everything its nodes save for the backward (profiled,
+  scaled by the share of each node's tensors one device holds);
+- ``o_f``, ``o_b``: the largest forward and backward temporaries; ``o_fcomm``,
+  ``o_bcomm``: the largest tensor a stage's collectives produce.
+
+On one device (mesh ``(1,)``) every communication term is zero.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
+from dataclasses import dataclass, field
 
 from automap import _core
+from automap.layout import layout_path
 from automap.linearize import linearize
+from automap.spec import ShardingSpec
 
 
 @dataclass
 class Chain:
+    """The rotor chain of a plan: index-aligned per-stage lists."""
+
     stages: list[list[str]]
-    fwd_compute_s: list[float]
-    bwd_compute_s: list[float]
-    out_bytes: list[int]
-    saved_bytes: list[int]
-    fwd_tmp_bytes: list[int]
-    bwd_tmp_bytes: list[int]
+    fwd_compute_s: list[float] = field(default_factory=list)
+    bwd_compute_s: list[float] = field(default_factory=list)
+    fwd_comm_s: list[float] = field(default_factory=list)
+    bwd_comm_s: list[float] = field(default_factory=list)
+    out_bytes: list[int] = field(default_factory=list)
+    saved_bytes: list[int] = field(default_factory=list)
+    fwd_tmp_bytes: list[int] = field(default_factory=list)
+    bwd_tmp_bytes: list[int] = field(default_factory=list)
+    fwd_comm_tmp_bytes: list[int] = field(default_factory=list)
+    bwd_comm_tmp_bytes: list[int] = field(default_factory=list)
+    #: Per device bytes that live through the whole step outside the chain:
+    #: parameter, gradient and optimizer-state shards, buffers and inputs.
+    persistent_bytes: int = 0
 
-
-def _float_bytes(val) -> int:
-    leaves = val if isinstance(val, (list, tuple)) else [val]
-    return sum(t.numel() * t.element_size() for t in leaves
-               if isinstance(t, torch.Tensor) and t.is_floating_point())
+    def __len__(self) -> int:
+        return len(self.stages)
 
 
 def build_chain(traced, profile, flops_per_s: float) -> Chain:
-    """Per stage: forward and backward compute seconds, the bytes of the
-    activations it hands to later stages (``out``), the bytes it keeps for its
-    own backward (``saved``, its output included), and its largest forward
-    and backward temporaries."""
+    """The chain of ``traced`` on one device (no sharding, no communication)."""
+    from automap.mesh import DeviceMesh
+    from automap.strategies import build_strategy_table
+
+    table = build_strategy_table(traced, profile, DeviceMesh((1,)), flops_per_s=flops_per_s,
+                                 optimizer=profile.optimizer)
+    return chain_of_plan(traced, profile, table, {name: 0 for name in table.nodes})
+
+
+def chain_of_plan(traced, profile, table, choice: dict[str, int]) -> Chain:
+    """The chain of ``traced`` under the strategies ``choice`` picks from
+    ``table`` (a ``StrategyTable`` priced with ``profile``), per device."""
     stages = linearize(traced)
     stage_of = {name: k for k, stage in enumerate(stages) for name in stage}
-    nodes = {n.name: n for n in traced.graph.nodes}
-    chain = Chain(stages, [], [], [], [], [], [])
+    graph_nodes = {n.name: n for n in traced.graph.nodes}
+    mesh = table.mesh
+    shards: dict[str, int] = {}
+
+    def local_bytes(info, spec: str) -> int:
+        if spec not in shards:
+            shards[spec] = ShardingSpec.parse(spec).shard_count(mesh)
+        return int(info.nbytes // shards[spec])
+
+    # Conversions into each consumer, forward and backward seconds, local bytes.
+    into: dict[str, list[tuple[float, float, int]]] = {}
+    for producer, o, consumer, k in table.edges():
+        src = table.nodes[producer].out_specs[choice[producer]][o]
+        dst = table.nodes[consumer].in_specs[choice[consumer]][k]
+        if src == dst:
+            continue
+        info = table.nodes[producer].outputs[o]
+        path = layout_path(mesh, src, dst, info.shape, info.dtype_bytes)
+        into.setdefault(consumer, []).append(
+            (path.forward_cost_s, path.backward_cost_s, local_bytes(info, dst)))
+
+    chain = Chain(stages)
     for k, stage in enumerate(stages):
-        profs = [profile.by_name[n] for n in stage if n in profile.by_name]
-        chain.fwd_compute_s.append(sum(p.fwd_flops for p in profs) / flops_per_s)
-        chain.bwd_compute_s.append(sum(p.bwd_flops for p in profs) / flops_per_s)
-        # Activations read by a later stage cross the boundary.
-        out = sum(_float_bytes(nodes[n].meta.get("val")) for n in stage
-                  if any(stage_of.get(u.name, -1) > k for u in nodes[n].users))
+        fc = bc = fm = bm = 0.0
+        out = saved = ftmp = btmp = fcomm_tmp = bcomm_tmp = 0
+        for name in stage:
+            node = table.nodes.get(name)
+            prof = profile.by_name.get(name)
+            if node is None:
+                continue
+            c = choice[name]
+            flops = (prof.fwd_flops + prof.bwd_flops) if prof is not None else 0
+            fwd_share = prof.fwd_flops / flops if flops else 0.5
+            fc += float(node.compute_s[c]) * fwd_share
+            bc += float(node.compute_s[c]) * (1 - fwd_share)
+            fm += float(node.forward_comm_s[c])
+            bm += float(node.backward_comm_s[c])
+            specs = node.out_specs[c]
+            outs = [local_bytes(info, spec) for info, spec in zip(node.outputs, specs)]
+            if float(node.forward_comm_s[c]) > 0 or float(node.backward_comm_s[c]) > 0:
+                fcomm_tmp = max(fcomm_tmp, max(outs, default=0))
+                bcomm_tmp = bcomm_tmp if not outs else max(bcomm_tmp, max(outs))
+            for f, b, nbytes in into.get(name, []):
+                fm, bm = fm + f, bm + b
+                fcomm_tmp, bcomm_tmp = max(fcomm_tmp, nbytes), max(bcomm_tmp, nbytes)
+            # Tensors read by a later stage cross the boundary.
+            if any(stage_of.get(u.name, -1) > k for u in graph_nodes[name].users):
+                out += sum(b for b, info in zip(outs, node.outputs) if info.is_float)
+            if prof is not None:
+                ratio = float(node.memory_ratio[c]) if node.memory_ratio is not None else 1.0
+                saved += int((prof.fwd_in_bytes + prof.fwd_tmp_bytes) * ratio)
+                ftmp = max(ftmp, int((prof.fwd_buffer_bytes + prof.fwd_out_bytes) * ratio))
+                btmp = max(btmp, int((prof.bwd_tmp_bytes + prof.bwd_out_bytes) * ratio))
+        chain.fwd_compute_s.append(fc)
+        chain.bwd_compute_s.append(bc)
+        chain.fwd_comm_s.append(fm)
+        chain.bwd_comm_s.append(bm)
         chain.out_bytes.append(out)
-        chain.saved_bytes.append(out + sum(p.fwd_in_bytes for p in profs))
-        chain.fwd_tmp_bytes.append(max([p.fwd_tmp_bytes for p in profs], default=0))
-        chain.bwd_tmp_bytes.append(max([p.bwd_tmp_bytes + p.bwd_out_bytes for p in profs],
-                                       default=0))
+        chain.saved_bytes.append(out + saved)
+        chain.fwd_tmp_bytes.append(ftmp)
+        chain.bwd_tmp_bytes.append(btmp)
+        chain.fwd_comm_tmp_bytes.append(fcomm_tmp)
+        chain.bwd_comm_tmp_bytes.append(bcomm_tmp)
+    chain.persistent_bytes = persistent_bytes(table, choice)
     return chain
 
 
-def solve_checkpointing(chain: Chain, budget_bytes: int, slots: int = 500):
-    """The rotor DP's fastest schedule of ``chain`` within ``budget_bytes`` of
-    activation memory; raises ``InfeasibleBudgetError`` naming the least."""
+def persistent_bytes(table, choice: dict[str, int]) -> int:
+    """Per device bytes of parameter, gradient and optimizer-state shards,
+    buffers and (local) inputs under ``choice``."""
+    total = 0.0
+    for node in table.nodes.values():
+        if node.op != "placeholder" or not node.outputs:
+            continue
+        c = choice[node.name]
+        if node.kind == "input":
+            spec = node.out_specs[c][0]
+            total += node.outputs[0].nbytes / ShardingSpec.parse(spec).shard_count(table.mesh)
+        else:
+            total += float(node.persistent_bytes[c])
+    return int(total)
+
+
+def solve_checkpointing(chain: Chain, activation_budget_bytes: int, slots: int = 500):
+    """The rotor DP's fastest schedule of ``chain`` with at most
+    ``activation_budget_bytes`` of activations, temporaries and gradients of
+    activations live per device; raises ``InfeasibleBudgetError`` naming the
+    least activation budget that fits."""
     return _core.solve_rotor(
         chain.fwd_compute_s, chain.bwd_compute_s, chain.out_bytes, chain.saved_bytes,
-        int(budget_bytes), fwd_tmp_bytes=chain.fwd_tmp_bytes, bwd_tmp_bytes=chain.bwd_tmp_bytes,
+        int(activation_budget_bytes), fwd_comm_s=chain.fwd_comm_s, bwd_comm_s=chain.bwd_comm_s,
+        fwd_tmp_bytes=chain.fwd_tmp_bytes, bwd_tmp_bytes=chain.bwd_tmp_bytes,
+        fwd_comm_tmp_bytes=chain.fwd_comm_tmp_bytes, bwd_comm_tmp_bytes=chain.bwd_comm_tmp_bytes,
         slots=slots)
+

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from automap.checkpoint_plan import CheckpointPlan
 from automap.errors import StalePlanError
 from automap.mesh import DeviceMesh
 
@@ -70,6 +71,8 @@ class Plan:
     solver: dict
     unsupported_ops: dict[str, int] = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
+    #: Activation checkpointing (None: every activation is kept for the backward).
+    checkpoint: CheckpointPlan | None = None
 
     # Serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -87,6 +90,7 @@ class Plan:
             "memory_budget_bytes": self.memory_budget_bytes,
             "memory_binding": self.memory_binding,
             "unsupported_ops": self.unsupported_ops,
+            "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None,
             "nodes": [asdict(n) for n in self.nodes.values()],
             "edges": [asdict(e) for e in self.edges],
         }
@@ -120,6 +124,7 @@ class Plan:
             solver=data["solver"],
             unsupported_ops=data.get("unsupported_ops", {}),
             versions=data.get("versions", {}),
+            checkpoint=CheckpointPlan.from_dict(data.get("checkpoint")),
         )
 
     @classmethod
@@ -149,7 +154,10 @@ class Plan:
             f"(compute {self.predicted_compute_s * 1e3:.3f} ms, communication "
             f"{self.predicted_communication_s * 1e3:.3f} ms), peak memory "
             f"{self.predicted_peak_memory_bytes / 2**20:.1f} MiB per device (budget {budget}"
-            f"{', binding' if self.memory_binding else ''}); solver {self.solver.get('status')} "
+            f"{', binding' if self.memory_binding else ''})"
+            + (f", {self.checkpoint.block_count()} checkpoint blocks (recomputation "
+               f"{self.checkpoint.recompute_s * 1e3:.3f} ms)" if self.checkpoint else "")
+            + f"; solver {self.solver.get('status')} "
             f"in {self.solver.get('solve_s', 0):.2f} s, gap {self.solver.get('gap', 0):.2g}")
 
     def explain(self, max_rows: int | None = 60) -> str:
@@ -180,6 +188,9 @@ class Plan:
             lines.append("")
             lines.append("the memory budget binds: a faster plan would not fit"
                          if self.memory_binding else "the memory budget does not bind")
+        if self.checkpoint is not None:
+            lines.append("")
+            lines.extend(self.checkpoint.describe())
         if self.unsupported_ops:
             lines.append(f"ran replicated (no generator): {self.unsupported_ops}")
         return "\n".join(lines)

@@ -12,8 +12,10 @@ import numpy as np
 from torch import nn
 
 from automap.blocks import detect_blocks
+from automap.checkpoint_plan import CheckpointPlan
+from automap.checkpointing import chain_of_plan, solve_checkpointing
 from automap.depth import multiplicities, reduced_depth
-from automap.errors import InfeasibleBudgetError, InvalidMeshError
+from automap.errors import AutomapError, InfeasibleBudgetError, InvalidMeshError
 from automap.ilp import solve_ilp
 from automap.layout import layout_path
 from automap.mesh import DeviceMesh
@@ -24,6 +26,10 @@ from automap.strategies import build_strategy_table, restrict
 #: an A100's tf32 rate under typical efficiency. Only its ratio to the link
 #: speeds matters for a plan.
 DEFAULT_FLOPS_PER_S = 100e12
+
+#: The two-stage search's budget ladder: the ILP runs at B * (1 + alpha)^n,
+#: n = 0 .. steps - 1, each solution checkpointed within the real budget B.
+LADDER_ALPHA, LADDER_STEPS = 0.25, 10
 
 
 def candidate_meshes(mesh, top_k: int = 3, size: int | None = None):
@@ -79,6 +85,7 @@ def plan(
     tie_blocks: bool = True,
     reduce_depth: bool = False,
     strategy_filter=None,
+    checkpointing: str = "auto",
     verbose: bool = False,
 ) -> Plan:
     """Search the intra-op sharding plan of ``model`` on ``mesh`` (a
@@ -86,7 +93,13 @@ def plan(
     meshes are tried) that minimises the estimated step time within ``memory_budget_bytes`` per
     device (None: no limit). Repeated blocks share one decision unless
     ``tie_blocks=False``. ``loss_fn`` maps the model's output to the loss
-    (default: ``automap.tracing.default_loss``)."""
+    (default: ``automap.tracing.default_loss``).
+
+    Within a budget, ``checkpointing="auto"`` runs MAP's two-stage search:
+    intra-op plans for the looser budgets B * 1.25^n (n < 10), each made to
+    fit B by activation checkpointing (the rotor DP), the fastest kept;
+    ``"off"``: the intra-op plan alone must fit; ``"only"``: the fastest
+    intra-op plan, checkpointed to fit."""
     from automap.profiling import profile_traced
     from automap.tracing import default_loss, trace
 
@@ -104,14 +117,20 @@ def plan(
                        flops_per_s=flops_per_s, strict=strict, time_limit_s=time_limit_s,
                        merge_followers=merge_followers, tie_blocks=tie_blocks or bool(stacks),
                        stacks=stacks, strategy_filter=strategy_filter, trace_s=t1 - t0,
-                       verbose=verbose)
+                       checkpointing=checkpointing, verbose=verbose)
 
 
 def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 optimizer="adamw", flops_per_s=DEFAULT_FLOPS_PER_S, strict=False,
                 time_limit_s=60.0, merge_followers=True, tie_blocks=True, stacks=(),
-                strategy_filter=None, trace_s=0.0, verbose=False) -> Plan:
+                strategy_filter=None, trace_s=0.0, verbose=False, checkpointing="auto",
+                ladder_alpha=LADDER_ALPHA, ladder_steps=LADDER_STEPS) -> Plan:
     """``plan`` for an already traced and profiled graph."""
+    if checkpointing not in ("auto", "off", "only"):
+        raise ValueError(f"checkpointing must be 'auto', 'off' or 'only', not {checkpointing!r}")
+    if stacks and checkpointing == "only":
+        raise AutomapError("activation checkpointing needs the full graph: plan without "
+                           "reduce_depth")
     t0 = time.perf_counter()
     table = build_strategy_table(traced, profile, mesh, flops_per_s=flops_per_s,
                                  optimizer=optimizer, strict=strict)
@@ -120,13 +139,76 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     t1 = time.perf_counter()
     blocks = detect_blocks(traced) if tie_blocks else []
     node_weight, edge_weight = multiplicities(blocks, list(stacks), list(table.edges()))
-    sol = solve_ilp(table, memory_budget_bytes, time_limit_s=time_limit_s,
-                    merge_followers=merge_followers, blocks=blocks, node_weight=node_weight,
-                    edge_weight=edge_weight)
-    if verbose:
-        print(f"automap: {sum(len(n) for n in table.nodes.values())} strategies in "
-              f"{t1 - t0:.2f} s; ILP built in {sol.build_s:.2f} s, solved in {sol.solve_s:.2f} s")
 
+    def solve(budget):
+        sol = solve_ilp(table, budget, time_limit_s=time_limit_s,
+                        merge_followers=merge_followers, blocks=blocks, node_weight=node_weight,
+                        edge_weight=edge_weight)
+        if verbose:
+            print(f"automap: {sum(len(n) for n in table.nodes.values())} strategies in "
+                  f"{t1 - t0:.2f} s; ILP (budget {_mib(budget)}) built in {sol.build_s:.2f} s, "
+                  f"solved in {sol.solve_s:.2f} s")
+        return sol
+
+    def package(sol, checkpoint=None):
+        return _package(traced, table, sol, mesh, memory_budget_bytes, node_weight, edge_weight,
+                        blocks, stacks, flops_per_s, optimizer, trace_s, t1 - t0, checkpoint)
+
+    if memory_budget_bytes is None or checkpointing == "off" or stacks:
+        return package(solve(memory_budget_bytes))
+    return _two_stage(traced, profile, table, memory_budget_bytes, solve, package,
+                      checkpointing, ladder_alpha, ladder_steps, verbose)
+
+
+def _mib(budget) -> str:
+    return "unlimited" if budget is None else f"{budget / 2**20:.1f} MiB"
+
+
+def _two_stage(traced, profile, table, budget, solve, package, checkpointing, alpha, steps,
+               verbose) -> Plan:
+    """MAP's two-stage search (section 5.3): intra-op plans for a ladder of
+    looser budgets, each made to fit the real ``budget`` by the rotor
+    checkpointing DP; the fastest combination wins. ``checkpointing="only"``
+    checkpoints the unconstrained (fastest) intra-op plan alone."""
+    rungs = [None] if checkpointing == "only" else [budget * (1 + alpha) ** n
+                                                     for n in range(steps)]
+    best, least, ilp_error = None, None, None
+    for rung in rungs:
+        try:
+            sol = solve(rung)
+        except InfeasibleBudgetError as err:
+            ilp_error = err
+            continue
+        chain = chain_of_plan(traced, profile, table, sol.choice)
+        try:
+            schedule = solve_checkpointing(chain, max(1, int(budget) - chain.persistent_bytes))
+        except InfeasibleBudgetError as err:
+            need = chain.persistent_bytes + (err.smallest_feasible_budget_bytes or 0)
+            least = need if least is None else min(least, need)
+            if verbose:
+                print(f"automap: rung {_mib(rung)}: no schedule fits; it needs {_mib(need)}")
+            if not sol.memory_binding:
+                break
+            continue
+        found = package(sol, CheckpointPlan.from_schedule(chain, schedule, rung))
+        if verbose:
+            print(f"automap: rung {_mib(rung)}: step {found.predicted_step_s * 1e3:.3f} ms "
+                  f"(recomputation {schedule.recompute_time_s * 1e3:.3f} ms)")
+        if best is None or found.predicted_step_s < best.predicted_step_s:
+            best = found
+        if not sol.memory_binding:
+            break  # looser rungs give this same intra-op plan
+    if best is None:
+        if least is None and ilp_error is not None:
+            raise ilp_error
+        raise InfeasibleBudgetError(
+            f"no sharding plan with activation checkpointing fits {_mib(budget)} per device; "
+            f"the smallest that fits needs {_mib(least)}", least)
+    return best
+
+
+def _package(traced, table, sol, mesh, memory_budget_bytes, node_weight, edge_weight, blocks,
+             stacks, flops_per_s, optimizer, trace_s, strategies_s, checkpoint) -> Plan:
     nodes: dict[str, NodePlan] = {}
     compute = comm = 0.0
     for name, node in table.nodes.items():
@@ -156,24 +238,28 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         edges.append(EdgePlan(producer, o, consumer, k, src, dst, list(info.shape),
                               info.dtype_bytes, [repr(s) for s in path.steps], path.cost_s))
         comm += edge_weight.get((producer, o, consumer, k), 1.0) * path.cost_s
+    recompute = checkpoint.recompute_s if checkpoint is not None else 0.0
     return Plan(
         mesh=mesh,
         nodes=nodes,
         edges=edges,
-        predicted_step_s=compute + comm,
+        predicted_step_s=compute + comm + recompute,
         predicted_compute_s=compute,
         predicted_communication_s=comm,
-        predicted_peak_memory_bytes=sol.peak_memory_bytes,
+        predicted_peak_memory_bytes=(
+            sol.peak_memory_bytes if checkpoint is None
+            else checkpoint.persistent_bytes + checkpoint.predicted_activation_peak_bytes),
         memory_budget_bytes=memory_budget_bytes,
-        memory_binding=sol.memory_binding,
+        memory_binding=sol.memory_binding or recompute > 0,
         graph_fingerprint=graph_fingerprint(traced),
         cost_constants={"flops_per_s": flops_per_s, "optimizer": optimizer},
         solver={"status": sol.status, "gap": sol.gap, "objective_s": sol.objective_s,
                 "build_s": sol.build_s, "solve_s": sol.solve_s, "trace_s": trace_s,
-                "strategies_s": t1 - t0, "binaries": sol.num_binaries,
+                "strategies_s": strategies_s, "binaries": sol.num_binaries,
                 "edge_variables": sol.num_edge_variables, "rows": sol.num_rows,
                 "block_classes": [[b.container, len(b)] for b in blocks],
                 "reduced_depth": [[s.path, s.depth, s.kept] for s in stacks]},
         unsupported_ops={op: len(v) for op, v in table.unsupported_ops.items()},
         versions=current_versions(),
+        checkpoint=checkpoint,
     )

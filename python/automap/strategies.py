@@ -54,6 +54,9 @@ class NodeOptions:
     # Per strategy: (partial axes, scatter dim or None, gradient-reduction axes
     # per input), the collectives the node itself runs; None: no collective.
     reductions: list | None = None
+    # Per strategy: the share of the node's tensor bytes one device holds, which
+    # scales its profiled activation and temporary bytes; None: all ones.
+    memory_ratio: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.in_specs)
@@ -255,6 +258,7 @@ def _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count, flops_per_
                 for si, so in zip(in_specs, out_specs)
             ])
             ratio = local / full
+            options.memory_ratio = ratio
             options.saved_bytes = prof.fwd_in_bytes * ratio
             options.transient_bytes = (prof.fwd_tmp_bytes + prof.fwd_out_bytes
                                        + prof.bwd_tmp_bytes + prof.bwd_out_bytes) * ratio
@@ -276,6 +280,8 @@ def restrict(table: StrategyTable, keep) -> None:
         node.out_specs = [node.out_specs[i] for i in idx]
         if node.reductions is not None:
             node.reductions = [node.reductions[i] for i in idx]
+        if node.memory_ratio is not None:
+            node.memory_ratio = node.memory_ratio[idx]
         for attr in ("compute_s", "forward_comm_s", "backward_comm_s", "persistent_bytes",
                      "saved_bytes", "transient_bytes"):
             setattr(node, attr, getattr(node, attr)[idx])

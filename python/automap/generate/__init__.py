@@ -3,6 +3,8 @@ parallel module, which trains exactly like the serial model.
 
 - ``build``: the graph pass (communication, reshape localisation, inputs and outputs);
 - ``state``: parameter sharding (from full weights, or shard by shard from meta);
+- ``checkpoint``: the plan's activation-checkpoint blocks as nested
+  ``torch.utils.checkpoint`` regions;
 - ``grad_sync``: bucketed, asynchronous data-parallel gradient all-reduce;
 - ``module``: the resulting ``ParallelModule`` (an fx GraphModule).
 """
@@ -14,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from automap.generate.build import defer_parameter_gradient_sync, generate_graph
+from automap.generate.checkpoint import wrap_checkpoint_blocks
 from automap.generate.grad_sync import DEFAULT_BUCKET_BYTES, GradientSync
 from automap.generate.module import ParallelModule, register_state
 from automap.generate.state import cut, full_tensors
@@ -36,6 +39,9 @@ def generate(traced, plan, model: nn.Module, groups, *, device=None, local_input
     rank = dist.get_rank()
     out = generate_graph(traced, plan, groups, rank, device, local_inputs)
     deferred = defer_parameter_gradient_sync(out) if grad_bucket_bytes is not None else []
+    if plan.checkpoint is not None:
+        wrap_checkpoint_blocks(out.graph, out.attrs, plan.checkpoint.stages,
+                               plan.checkpoint.blocks)
     root = nn.Module()
     fulls = full_tensors(model, traced, list(out.shards), seed)
     for name, shard in out.shards.items():

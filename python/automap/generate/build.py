@@ -16,6 +16,7 @@ from torch.utils import _pytree as pytree
 from automap.collectives import identity_all_reduce_grad, split_dim
 from automap.errors import AutomapError
 from automap.generate import localize
+from automap.generate.checkpoint import ORIGIN
 from automap.generate.comm import Emitter
 from automap.generate.ops import take_shard
 from automap.generate.state import StateShard, local_bounds
@@ -86,7 +87,15 @@ class _Pass:
                 self.output(node)
             else:
                 raise AutomapError(f"unexpected {node.op} node {node.name} in a traced graph")
+            self.tag_origin(node.name)
         return self.out
+
+    def tag_origin(self, origin: str) -> None:
+        """Mark the nodes just emitted as emitted for traced node ``origin``."""
+        for new in reversed(self.out.graph.nodes):
+            if ORIGIN in new.meta:
+                break
+            new.meta[ORIGIN] = origin
 
     def placeholder(self, node: fx.Node) -> fx.Node:
         graph, spec = self.out.graph, self.spec_of(node)

@@ -1,0 +1,162 @@
+"""Checkpoint pass: the plan's activation-checkpoint blocks (the rotor
+schedule's nested regions over linearized stages) become
+``torch.utils.checkpoint.checkpoint(block, *inputs, use_reentrant=False)``
+calls in the generated graph, nested where the schedule nests.
+
+Every generated node carries the traced node it was emitted for
+(``meta["automap_origin"]``), so a stage is the traced nodes linearization put
+in it plus the collectives emitted for them: a recomputed region re-runs its
+collectives, as the chain priced. A region's inputs are the tensors it reads
+from outside (its first stage's input, parameters, masks); its outputs are the
+tensors read after it. Process groups and nested regions are attributes of
+the region's own GraphModule."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.utils.checkpoint
+from torch import fx
+
+from automap.errors import AutomapError
+
+ORIGIN = "automap_origin"
+_STAGE = "automap_stage"
+
+
+def checkpoint_block(function, *inputs):
+    """One checkpoint region: ``function(*inputs)`` keeping only its inputs for
+    the backward, which runs it again (non-reentrant, so regions nest)."""
+    return torch.utils.checkpoint.checkpoint(function, *inputs, use_reentrant=False)
+
+
+def wrap_checkpoint_blocks(graph: fx.Graph, attrs: dict, stages: list[list[str]],
+                           blocks: list[dict]) -> None:
+    """Replace each block's nodes in ``graph`` by a ``checkpoint_block`` call;
+    ``attrs`` (the module's non-state attributes) gains the regions."""
+    if not blocks:
+        return
+    stage_of = {name: k for k, stage in enumerate(stages) for name in stage}
+    _hoist_get_attrs(graph)
+    for node in graph.nodes:
+        node.meta[_STAGE] = stage_of.get(node.meta.get(ORIGIN)) if node.op == "call_function" \
+            else None
+    counter = iter(range(1 << 30))
+    for block in blocks:
+        _wrap(graph, attrs, block, counter)
+    graph.lint()
+
+
+def _hoist_get_attrs(graph: fx.Graph) -> None:
+    """Attribute reads first: they belong to no stage and every region can read them."""
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    for node in list(graph.nodes):
+        if node.op == "get_attr" and node is not first:
+            first.prepend(node)
+
+
+def _written_args(node: fx.Node) -> list[fx.Node]:
+    """The tensors ``node`` writes in place: its schema's mutable arguments, and
+    a training batch norm's running statistics (its schema does not say so)."""
+    if node.op != "call_function":
+        return []
+    if node.target is torch.ops.aten.batch_norm.default:
+        training = node.args[5] if len(node.args) > 5 else node.kwargs.get("training")
+        return [a for a in node.args[3:5] if isinstance(a, fx.Node)] if training else []
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return []
+    written = []
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            if isinstance(value, fx.Node):
+                written.append(value)
+    return written
+
+
+def _wrap(graph: fx.Graph, attrs: dict, block: dict, counter) -> None:
+    for child in block.get("children", []):
+        _wrap(graph, attrs, child, counter)
+    lo, hi = block["start_stage"], block["end_stage"]
+    region = [n for n in graph.nodes if n.meta.get(_STAGE) is not None
+              and lo <= n.meta[_STAGE] <= hi]
+    if not region:
+        return
+    inside = set(region)
+    inputs: list[fx.Node] = []
+    copied: dict[str, object] = {}
+    for node in region:
+        for arg in node.all_input_nodes:
+            if arg in inside or arg in inputs:
+                continue
+            if arg.op == "get_attr" and not isinstance(attrs.get(arg.target), torch.Tensor) \
+                    and arg.target in attrs:
+                copied[arg.target] = attrs[arg.target]
+            else:
+                inputs.append(arg)
+    outputs = [n for n in region if any(u not in inside for u in n.users)]
+    # State the region writes (batch-norm statistics and counters) must change
+    # once per step, not again on recomputation, and checkpoint refuses saved
+    # inputs modified after the forward: the region gets an untouched copy,
+    # writes its own copy of that, and the call copies the result back.
+    written = list(dict.fromkeys(a for n in region for a in _written_args(n)
+                                 if a not in inside))
+
+    sub = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for arg in inputs:
+        env[arg] = sub.placeholder(arg.name)
+        env[arg].meta = dict(arg.meta)
+    for name in copied:
+        env_key = next(a for n in region for a in n.all_input_nodes
+                       if a.op == "get_attr" and a.target == name)
+        env[env_key] = sub.get_attr(name)
+    for arg in written:
+        env[arg] = sub.call_function(torch.ops.aten.clone.default, (env[arg],),
+                                     name=f"{arg.name}_local")
+    for node in region:
+        env[node] = sub.node_copy(node, lambda n: env[n])
+    sub.output(tuple(env[n] for n in [*outputs, *written]))
+    index = next(counter)
+    name = f"checkpoint_{index}_stages_{lo}_{hi}"
+    attrs[name] = fx.GraphModule(copied, sub, class_name=f"CheckpointBlock{index}")
+
+    # The call goes where the region began; its outputs replace the region's.
+    _check_placement(region, inputs, outputs, inside)
+    with graph.inserting_before(region[0]):
+        fn = graph.get_attr(name)
+        args = [graph.call_function(torch.ops.aten.clone.default, (a,), name=f"{a.name}_copy")
+                if a in written else a for a in inputs]
+        call = graph.call_function(checkpoint_block, (fn, *args), name=name)
+        call.meta[_STAGE] = lo
+        fn.meta[_STAGE] = None
+        results = []
+        for i, node in enumerate(outputs):
+            item = graph.call_function(operator.getitem, (call, i), name=f"{node.name}_ckpt")
+            item.meta = {k: v for k, v in node.meta.items() if k != _STAGE}
+            item.meta[_STAGE] = lo
+            results.append(item)
+        for i, state in enumerate(written, start=len(outputs)):
+            item = graph.call_function(operator.getitem, (call, i))
+            write = graph.call_function(torch.ops.aten.copy_.default, (state, item))
+            item.meta[_STAGE] = write.meta[_STAGE] = lo
+    for node, item in zip(outputs, results):
+        for user in list(node.users):
+            if user not in inside:
+                user.replace_input_with(node, item)
+    for node in reversed(region):
+        graph.erase_node(node)
+
+
+def _check_placement(region, inputs, outputs, inside) -> None:
+    """The region must be contiguous: nothing between its nodes reads its outputs."""
+    first, last = region[0], region[-1]
+    node = first
+    while node is not last:
+        node = node.next
+        if node not in inside and any(a in inside for a in node.all_input_nodes):
+            raise AutomapError(
+                f"checkpoint region {first.name}..{last.name} is not contiguous: {node.name} "
+                "reads it from within; the plan's stages do not match this graph")

@@ -1,0 +1,128 @@
+"""Functions run inside spawned gloo processes by the checkpointing tests: a
+plan checkpointed within a budget runs next to the same plan without
+checkpoints; both report losses, gradients and the measured activation peak."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+
+import torch
+from torch import nn
+
+from automap import DeviceMesh, InfeasibleBudgetError
+from automap.generate import generate
+from automap.planner import plan as solve_plan
+
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def build(name: str):
+    """``(model, inputs, loss_fn)`` of the models whose memory is measured: a
+    GPT-2-small-ish Hugging Face model (short sequence, narrow) and a
+    ResNet-style convnet, both without dropout."""
+    torch.manual_seed(0)
+    if name == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        from automap.tracing import default_loss
+
+        cfg = GPT2Config(n_layer=6, n_embd=128, n_head=4, vocab_size=512, n_positions=128,
+                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                         eos_token_id=0)
+        model = GPT2LMHeadModel(cfg)
+        ids = torch.randint(0, 512, (8, 128))
+        return model, {"input_ids": ids, "labels": ids}, default_loss
+    if name == "resnet":
+        import model_zoo
+
+        model = model_zoo.ResNet(width=16)
+        x = torch.randn(8, 3, 32, 32)
+        y = torch.randint(0, 10, (8,))
+        return model, (x,), lambda out: nn.functional.cross_entropy(out, y)
+    raise ValueError(name)
+
+
+def _call(module, inputs):
+    return module(**inputs) if isinstance(inputs, dict) else module(*inputs)
+
+
+def activation_peak_bytes(module, inputs) -> tuple[float, int]:
+    """Loss, and the peak of tensor bytes allocated beyond what was live before
+    one forward and backward (parameters, their gradient buffers, inputs): the
+    activations, their gradients and temporaries. Measured from the CPU
+    allocator's events in the PyTorch profiler."""
+    _call(module, inputs).backward()  # gradient buffers exist from here on
+    module.zero_grad(set_to_none=False)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as prof:
+        loss = _call(module, inputs)
+        loss.backward()
+        del loss
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()
+        peak = max(peak, live)
+    module.zero_grad(set_to_none=False)
+    loss = _call(module, inputs)
+    loss.backward()
+    return loss.item(), peak
+
+
+def checkpoint_case(rank: int, world: int, name: str, fraction: float) -> dict:
+    """Plan ``name`` on a (world,) mesh with checkpointing only, once within
+    an unlimited budget, then within the budget ``fraction`` of the way from
+    the least that fits to what no checkpointing needs; run the checkpointed
+    plan and the same plan without checkpoints; measure."""
+    import torch.distributed as dist
+
+    model, inputs, loss_fn = build(name)
+    mesh = DeviceMesh((world,))
+    # Slow devices: on more than one, splitting the batch pays.
+    options = {"loss_fn": loss_fn, "checkpointing": "only", "flops_per_s": 1e9}
+    roomy = solve_plan(model, inputs, mesh, 2**40, **options)
+    full = roomy.checkpoint
+    try:
+        solve_plan(model, inputs, mesh, full.persistent_bytes + 1, **options)
+        least = full.persistent_bytes
+    except InfeasibleBudgetError as err:
+        least = err.smallest_feasible_budget_bytes
+    # ``fraction`` of the way from the least budget that fits to the unconstrained peak.
+    budget = int(least + fraction * (full.persistent_bytes + full.predicted_activation_peak_bytes
+                                     - least))
+    tight = solve_plan(model, inputs, mesh, budget, **options)
+    plain = dataclasses.replace(tight, checkpoint=None)
+
+    from automap.tracing import trace
+
+    traced = trace(model, inputs, loss_fn=loss_fn)
+    groups = mesh.process_groups()
+    out = {"budget_bytes": budget, "activation_budget_bytes": tight.checkpoint.activation_budget_bytes,
+           "predicted_bytes": tight.checkpoint.predicted_activation_peak_bytes,
+           "predicted_full_bytes": full.predicted_activation_peak_bytes,
+           "blocks": tight.checkpoint.block_count(), "stages": len(tight.checkpoint.stages),
+           "recompute_s": tight.checkpoint.recompute_s,
+           "sharded_nodes": sum(any(s != "R" * len(s) for s in n.outputs)
+                                for n in tight.nodes.values())}
+    results, state = {}, {}
+    for label, p in (("checkpointed", tight), ("plain", plain)):
+        module = generate(traced, p, copy.deepcopy(model), groups)
+        loss, peak = activation_peak_bytes(module, inputs)
+        grads = module.full_state_dict(gradients=True)
+        results[label] = (loss, peak, grads)
+        state[label] = {k: v for k, v in module.full_state_dict().items()
+                        if k not in grads}  # buffers: updated once per step either way
+        if label == "checkpointed":
+            out["code_has_checkpoint"] = "checkpoint_block" in module.code
+    (loss_c, peak_c, grads_c), (loss_p, peak_p, grads_p) = results["checkpointed"], results["plain"]
+    out["measured_bytes"], out["measured_plain_bytes"] = peak_c, peak_p
+    out["loss_rel"] = abs(loss_c - loss_p) / abs(loss_p)
+    out["grad_rel"] = max(
+        float((grads_c[k] - grads_p[k]).abs().max() / grads_p[k].abs().max().clamp_min(1e-4))
+        for k in grads_p)
+    out["buffers_equal"] = all(torch.equal(state["checkpointed"][k], state["plain"][k])
+                               for k in state["plain"])
+    dist.barrier()
+    return out
