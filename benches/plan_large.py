@@ -29,6 +29,7 @@ MESH = DeviceMesh((8, 8), axis_names=("node", "gpu"), alpha_s=[1e-5, 3e-6],
 BUDGET_BYTES = 80 * 10**9
 #: An A100/H100-class device's sustained bf16 rate (about half of peak).
 FLOPS_PER_S = 150e12
+VERBOSE = "--verbose" in sys.argv
 
 
 def gpt3(batch: int = 8, seq: int = 2048):
@@ -56,7 +57,8 @@ def llama70b(batch: int = 8, seq: int = 2048):
 def run(name: str) -> dict:
     model, inputs = {"gpt3": gpt3, "llama70b": llama70b}[name]()
     start = time.perf_counter()
-    p = plan(model, inputs, MESH, BUDGET_BYTES, flops_per_s=FLOPS_PER_S, reduce_depth=True)
+    p = plan(model, inputs, MESH, BUDGET_BYTES, flops_per_s=FLOPS_PER_S, reduce_depth=True,
+             verbose=VERBOSE)
     seconds = time.perf_counter() - start
     # Weight operand of each matmul: linear(x, w, b), addmm(b, x, w) (GPT-2's Conv1D).
     weight_index = {"linear": 1, "addmm": 2}
@@ -80,6 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("models", nargs="*", default=["gpt3"])
     parser.add_argument("--json", action="store_true", help="one JSON line per model")
+    parser.add_argument("--verbose", action="store_true", help="print the search's steps")
     args = parser.parse_args()
     logging.getLogger("transformers").setLevel(logging.ERROR)
     warnings.simplefilter("ignore")

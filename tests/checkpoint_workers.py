@@ -99,7 +99,8 @@ def checkpoint_case(rank: int, world: int, name: str, fraction: float) -> dict:
 
     traced = trace(model, inputs, loss_fn=loss_fn)
     groups = mesh.process_groups()
-    out = {"budget_bytes": budget, "activation_budget_bytes": tight.checkpoint.activation_budget_bytes,
+    out = {"budget_bytes": budget,
+           "activation_budget_bytes": tight.checkpoint.activation_budget_bytes,
            "predicted_bytes": tight.checkpoint.predicted_activation_peak_bytes,
            "predicted_full_bytes": full.predicted_activation_peak_bytes,
            "blocks": tight.checkpoint.block_count(), "stages": len(tight.checkpoint.stages),
@@ -115,7 +116,7 @@ def checkpoint_case(rank: int, world: int, name: str, fraction: float) -> dict:
         state[label] = {k: v for k, v in module.full_state_dict().items()
                         if k not in grads}  # buffers: updated once per step either way
         if label == "checkpointed":
-            out["code_has_checkpoint"] = "checkpoint_block" in module.code
+            out["code_has_checkpoint"] = "torch.utils.checkpoint.checkpoint" in module.code
     (loss_c, peak_c, grads_c), (loss_p, peak_p, grads_p) = results["checkpointed"], results["plain"]
     out["measured_bytes"], out["measured_plain_bytes"] = peak_c, peak_p
     out["loss_rel"] = abs(loss_c - loss_p) / abs(loss_p)
@@ -126,3 +127,55 @@ def checkpoint_case(rank: int, world: int, name: str, fraction: float) -> dict:
                                for k in state["plain"])
     dist.barrier()
     return out
+
+
+def nested_case(rank: int, world: int, name: str) -> dict:
+    """Hand-made nested checkpoint blocks (three levels) on a plan of ``name``
+    over a (world,) mesh: the generated regions nest, and training matches the
+    plan without checkpoints."""
+    model, inputs, loss_fn = build(name)
+    mesh = DeviceMesh((world,))
+    plan = solve_plan(model, inputs, mesh, 2**40, loss_fn=loss_fn, checkpointing="only",
+                      flops_per_s=1e9)
+    last = len(plan.checkpoint.stages) - 1
+
+    def block(lo, hi, children=()):
+        return {"start_stage": lo, "end_stage": hi, "children": list(children)}
+
+    nested = [block(0, 0), block(1, last - 2, [block(2, 4, [block(3, 3)]), block(6, 7)])]
+    checkpointed = dataclasses.replace(
+        plan, checkpoint=dataclasses.replace(plan.checkpoint, blocks=nested))
+    plain = dataclasses.replace(plan, checkpoint=None)
+
+    from automap.tracing import trace
+
+    traced = trace(model, inputs, loss_fn=loss_fn)
+    groups = mesh.process_groups()
+    out, runs = {}, {}
+    for label, p in (("checkpointed", checkpointed), ("plain", plain)):
+        module = generate(traced, p, copy.deepcopy(model), groups)
+        losses = []
+        opt = torch.optim.SGD(module.parameters(), lr=0.1)
+        for _ in range(2):
+            opt.zero_grad()
+            loss = _call(module, inputs)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        runs[label] = (losses, module.full_state_dict())
+        if label == "checkpointed":
+            outer = [m for n, m in module.named_children() if n.startswith("checkpoint_")]
+            out["top_level_regions"] = len(outer)
+            out["depth"] = _depth(module)
+            out["collective_in_region"] = any(
+                "all_reduce" in m.code or "all_gather" in m.code or "reduce_scatter" in m.code
+                for m in module.modules() if m is not module and hasattr(m, "code"))
+    (lc, sc), (lp, sp) = runs["checkpointed"], runs["plain"]
+    out["loss_rel"] = max(abs(a - b) / abs(b) for a, b in zip(lc, lp))
+    out["param_abs"] = max(float((sc[k] - sp[k]).abs().max()) for k in sp)
+    return out
+
+
+def _depth(module) -> int:
+    children = [m for n, m in module.named_children() if n.startswith("checkpoint_")]
+    return 1 + max((_depth(m) for m in children), default=0) if children else 0

@@ -12,35 +12,30 @@ import numpy as np
 
 from automap import planner
 from automap.profiling import profile_traced
+from automap.strategies import restrict
 from automap.tracing import default_loss, trace
 
 #: (input specs, output specs) of a strategy -> keep it?
 Keep = Callable[[tuple, tuple], bool]
-_ARRAYS = ("compute_s", "forward_comm_s", "backward_comm_s", "persistent_bytes", "saved_bytes",
-           "transient_bytes")
-
-
-def _restrict(node, keep: Keep) -> None:
-    idx = [i for i in range(len(node)) if keep(node.in_specs[i], node.out_specs[i])]
-    if not idx:
-        raise ValueError(f"no strategy of {node.name} satisfies the constraint; it has "
-                         f"{sorted(set(zip(node.in_specs, node.out_specs)))[:20]}")
-    for attr in _ARRAYS:
-        setattr(node, attr, np.asarray(getattr(node, attr))[idx])
-    node.in_specs = [node.in_specs[i] for i in idx]
-    node.out_specs = [node.out_specs[i] for i in idx]
-    if node.reductions is not None:
-        node.reductions = [node.reductions[i] for i in idx]
 
 
 @contextlib.contextmanager
 def _constrained(constraints: dict[str, Keep]):
     original = planner.build_strategy_table
 
+    def keep(table, node):
+        rule = constraints.get(node.name)
+        if rule is None:
+            return np.ones(len(node), dtype=bool)
+        mask = [rule(node.in_specs[i], node.out_specs[i]) for i in range(len(node))]
+        if not any(mask):
+            raise ValueError(f"no strategy of {node.name} satisfies the constraint; it has "
+                             f"{sorted(set(zip(node.in_specs, node.out_specs)))[:20]}")
+        return np.array(mask)
+
     def build(*args, **kwargs):
         table = original(*args, **kwargs)
-        for name, keep in constraints.items():
-            _restrict(table.nodes[name], keep)
+        restrict(table, keep)
         return table
 
     planner.build_strategy_table = build

@@ -35,3 +35,13 @@ def test_measured_activation_peak_within_budget(name, world):
         assert r["buffers_equal"]
         if world > 1:
             assert r["sharded_nodes"] > 0  # a parallel plan, not a replicated one
+
+
+def test_nested_blocks_run_nested_and_train_exactly():
+    from checkpoint_workers import nested_case
+
+    for r in run_on_gloo(nested_case, 2, "gpt2", timeout_s=300):
+        print(r)
+        assert r["depth"] == 3 and r["top_level_regions"] == 2
+        assert r["collective_in_region"]  # recomputation re-runs collectives
+        assert r["loss_rel"] <= 1e-6 and r["param_abs"] <= 1e-6

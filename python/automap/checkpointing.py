@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from automap import _core
+from automap.errors import StalePlanError
 from automap.layout import layout_path
 from automap.linearize import linearize
 from automap.spec import ShardingSpec
@@ -63,9 +64,14 @@ def build_chain(traced, profile, flops_per_s: float) -> Chain:
     return chain_of_plan(traced, profile, table, {name: 0 for name in table.nodes})
 
 
-def chain_of_plan(traced, profile, table, choice: dict[str, int]) -> Chain:
+def chain_of_plan(traced, profile, table, choice: dict[str, int],
+                  node_weight: dict[str, float] | None = None) -> Chain:
     """The chain of ``traced`` under the strategies ``choice`` picks from
-    ``table`` (a ``StrategyTable`` priced with ``profile``), per device."""
+    ``table`` (a ``StrategyTable`` priced with ``profile``), per device.
+
+    ``node_weight``: how many times each node stands for itself in the real
+    model (depth-reduced planning, ``automap.depth``); a stage of a traced
+    block is repeated that many times, so the chain has the real depth."""
     stages = linearize(traced)
     stage_of = {name: k for k, stage in enumerate(stages) for name in stage}
     graph_nodes = {n.name: n for n in traced.graph.nodes}
@@ -132,7 +138,38 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int]) -> Chain:
         chain.fwd_comm_tmp_bytes.append(fcomm_tmp)
         chain.bwd_comm_tmp_bytes.append(bcomm_tmp)
     chain.persistent_bytes = persistent_bytes(table, choice)
-    return chain
+    return _repeat_stages(chain, node_weight) if node_weight else chain
+
+
+def _repeat_stages(chain: Chain, node_weight: dict[str, float]) -> Chain:
+    out = Chain([], persistent_bytes=chain.persistent_bytes)
+    columns = [f for f in vars(chain) if isinstance(getattr(chain, f), list) and f != "stages"]
+    for k, stage in enumerate(chain.stages):
+        times = max(1, round(max((node_weight.get(n, 1.0) for n in stage), default=1.0)))
+        for _ in range(times):
+            out.stages.append(stage)
+            for f in columns:
+                getattr(out, f).append(getattr(chain, f)[k])
+    return out
+
+
+def choice_of_plan(table, plan) -> dict[str, int]:
+    """The strategy index per node of ``table`` that ``plan`` chose (to
+    checkpoint or re-price a loaded plan)."""
+    choice = {}
+    for name, node in table.nodes.items():
+        chosen = plan.nodes.get(name)
+        if chosen is None:
+            choice[name] = 0
+            continue
+        wanted = (tuple(chosen.inputs), tuple(chosen.outputs))
+        matches = [i for i in range(len(node))
+                   if (tuple(node.in_specs[i]), tuple(node.out_specs[i])) == wanted]
+        if not matches:
+            raise StalePlanError(f"the plan's strategy for {name} ({wanted}) is not one of the "
+                                 "strategies of this graph on this mesh; re-plan")
+        choice[name] = min(matches, key=lambda i: float(node.time_s[i]))
+    return choice
 
 
 def persistent_bytes(table, choice: dict[str, int]) -> int:
@@ -151,15 +188,83 @@ def persistent_bytes(table, choice: dict[str, int]) -> int:
     return int(total)
 
 
-def solve_checkpointing(chain: Chain, activation_budget_bytes: int, slots: int = 500):
+#: Longest chain the rotor DP solves (its time grows as L^3): longer chains
+#: are coarsened by merging neighbouring stages.
+MAX_STAGES = 200
+
+
+def coarsen(chain: Chain, max_stages: int = MAX_STAGES) -> Chain:
+    """``chain`` with runs of consecutive stages merged so that at most
+    ``max_stages`` remain (cut where the forward time is evenly split). A
+    merged stage keeps everything its parts save, hands on its last part's
+    output, and its temporaries are its parts' largest (with their output,
+    which is live inside the merged stage: a conservative bound)."""
+    if len(chain) <= max_stages:
+        return chain
+    weights = [f + b + 1e-12 for f, b in zip(chain.fwd_compute_s, chain.bwd_compute_s)]
+    total, groups, start, acc = sum(weights), [], 0, 0.0
+    for k, w in enumerate(weights):
+        acc += w
+        remaining_groups = max_stages - len(groups) - 1
+        if (acc >= total * (len(groups) + 1) / max_stages and remaining_groups > 0) \
+                or len(chain) - k - 1 < remaining_groups + 1 and k >= start:
+            groups.append((start, k))
+            start = k + 1
+    if start < len(chain):
+        groups.append((start, len(chain) - 1))
+    out = Chain([], persistent_bytes=chain.persistent_bytes)
+    for lo, hi in groups:
+        parts = range(lo, hi + 1)
+        out.stages.append([n for k in parts for n in chain.stages[k]])
+        for f in ("fwd_compute_s", "bwd_compute_s", "fwd_comm_s", "bwd_comm_s", "saved_bytes"):
+            getattr(out, f).append(sum(getattr(chain, f)[k] for k in parts))
+        out.out_bytes.append(chain.out_bytes[hi])
+        for f in ("fwd_tmp_bytes", "bwd_tmp_bytes"):
+            getattr(out, f).append(max(getattr(chain, f)[k] + chain.out_bytes[k] for k in parts))
+        for f in ("fwd_comm_tmp_bytes", "bwd_comm_tmp_bytes"):
+            getattr(out, f).append(max(getattr(chain, f)[k] for k in parts))
+    return out
+
+
+@dataclass
+class Schedule:
+    """A rotor schedule: ``ops`` ((op, stage) in order), nested ``blocks``
+    (``start_stage``, ``end_stage``, ``children``), seconds and bytes."""
+
+    ops: list[tuple[str, int]]
+    blocks: list
+    predicted_time_s: float
+    no_recompute_time_s: float
+    peak_memory_bytes: int
+    budget_bytes: int
+    op_memory_bytes: list[int]
+
+    @property
+    def recompute_time_s(self) -> float:
+        return max(0.0, self.predicted_time_s - self.no_recompute_time_s)
+
+
+def solve_checkpointing(chain: Chain, activation_budget_bytes: int, slots: int = 500
+                        ) -> Schedule:
     """The rotor DP's fastest schedule of ``chain`` with at most
     ``activation_budget_bytes`` of activations, temporaries and gradients of
     activations live per device; raises ``InfeasibleBudgetError`` naming the
     least activation budget that fits."""
-    return _core.solve_rotor(
-        chain.fwd_compute_s, chain.bwd_compute_s, chain.out_bytes, chain.saved_bytes,
+    # Every forward costs a little more: among equally fast schedules (stages
+    # of views cost nothing to recompute) one with fewer recomputations wins.
+    # The DP's table is f32 (relative error ~1e-5 of the chain's time). The
+    # extra is taken out of the times reported.
+    total_s = sum(chain.fwd_compute_s) + sum(chain.bwd_compute_s) + sum(chain.fwd_comm_s)
+    tie_s = 3e-5 * total_s or 1e-12
+    found = _core.solve_rotor(
+        [f + tie_s for f in chain.fwd_compute_s], chain.bwd_compute_s, chain.out_bytes,
+        chain.saved_bytes,
         int(activation_budget_bytes), fwd_comm_s=chain.fwd_comm_s, bwd_comm_s=chain.bwd_comm_s,
         fwd_tmp_bytes=chain.fwd_tmp_bytes, bwd_tmp_bytes=chain.bwd_tmp_bytes,
         fwd_comm_tmp_bytes=chain.fwd_comm_tmp_bytes, bwd_comm_tmp_bytes=chain.bwd_comm_tmp_bytes,
         slots=slots)
-
+    forwards = sum(1 for op, _ in found.ops if op != "backward")
+    return Schedule(list(found.ops), list(found.blocks),
+                    found.predicted_time_s - tie_s * forwards,
+                    found.no_recompute_time_s - tie_s * len(chain),
+                    found.peak_memory_bytes, found.budget_bytes, list(found.op_memory_bytes))

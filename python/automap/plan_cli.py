@@ -52,6 +52,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--optimizer", default="adamw", choices=["sgd", "sgd_momentum", "adam",
                                                             "adamw"])
     p.add_argument("--time-limit", type=float, default=60.0, help="solver limit, seconds")
+    p.add_argument("--checkpointing", default="auto", choices=["auto", "off", "only"],
+                   help="within --memory: two-stage search with activation checkpointing "
+                        "(auto), sharding alone (off), or checkpointing of the fastest "
+                        "sharding (only)")
     p.add_argument("-o", "--output", default=None, help="write the plan JSON here")
     p.set_defaults(run=_plan)
     e = subparsers.add_parser("explain", help="explain a plan JSON")
@@ -75,7 +79,8 @@ def _plan(args: argparse.Namespace) -> int:
                           bandwidth_bytes_per_s=args.bandwidth)
         result = plan(model, inputs, mesh, args.memory, loss_fn=loss_fn,
                       optimizer=args.optimizer, flops_per_s=args.flops or DEFAULT_FLOPS_PER_S,
-                      time_limit_s=args.time_limit, verbose=True)
+                      time_limit_s=args.time_limit, checkpointing=args.checkpointing,
+                      verbose=True)
     except AutomapError as exc:
         print(f"automap plan: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -13,9 +13,9 @@ from torch import nn
 
 from automap.blocks import detect_blocks
 from automap.checkpoint_plan import CheckpointPlan
-from automap.checkpointing import chain_of_plan, solve_checkpointing
+from automap.checkpointing import chain_of_plan, coarsen, solve_checkpointing
 from automap.depth import multiplicities, reduced_depth
-from automap.errors import AutomapError, InfeasibleBudgetError, InvalidMeshError
+from automap.errors import InfeasibleBudgetError, InvalidMeshError
 from automap.ilp import solve_ilp
 from automap.layout import layout_path
 from automap.mesh import DeviceMesh
@@ -128,9 +128,6 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     """``plan`` for an already traced and profiled graph."""
     if checkpointing not in ("auto", "off", "only"):
         raise ValueError(f"checkpointing must be 'auto', 'off' or 'only', not {checkpointing!r}")
-    if stacks and checkpointing == "only":
-        raise AutomapError("activation checkpointing needs the full graph: plan without "
-                           "reduce_depth")
     t0 = time.perf_counter()
     table = build_strategy_table(traced, profile, mesh, flops_per_s=flops_per_s,
                                  optimizer=optimizer, strict=strict)
@@ -154,10 +151,11 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         return _package(traced, table, sol, mesh, memory_budget_bytes, node_weight, edge_weight,
                         blocks, stacks, flops_per_s, optimizer, trace_s, t1 - t0, checkpoint)
 
-    if memory_budget_bytes is None or checkpointing == "off" or stacks:
+    if memory_budget_bytes is None or checkpointing == "off":
         return package(solve(memory_budget_bytes))
     return _two_stage(traced, profile, table, memory_budget_bytes, solve, package,
-                      checkpointing, ladder_alpha, ladder_steps, verbose)
+                      checkpointing, ladder_alpha, ladder_steps, verbose,
+                      node_weight if stacks else None)
 
 
 def _mib(budget) -> str:
@@ -165,21 +163,30 @@ def _mib(budget) -> str:
 
 
 def _two_stage(traced, profile, table, budget, solve, package, checkpointing, alpha, steps,
-               verbose) -> Plan:
+               verbose, node_weight) -> Plan:
     """MAP's two-stage search (section 5.3): intra-op plans for a ladder of
     looser budgets, each made to fit the real ``budget`` by the rotor
-    checkpointing DP; the fastest combination wins. ``checkpointing="only"``
-    checkpoints the unconstrained (fastest) intra-op plan alone."""
-    rungs = [None] if checkpointing == "only" else [budget * (1 + alpha) ** n
-                                                     for n in range(steps)]
+    checkpointing DP; the fastest combination wins. The ladder stops below
+    the unconstrained (fastest) intra-op plan's peak, and that plan is always
+    tried too; ``checkpointing="only"`` tries it alone."""
+    fastest = solve(None)
+    fastest_peak = fastest.peak_memory_bytes
+    # Rungs at or above the fastest plan's peak give the fastest plan: it is the last.
+    rungs = [] if checkpointing == "only" else [
+        budget * (1 + alpha) ** n for n in range(steps) if budget * (1 + alpha) ** n < fastest_peak]
     best, least, ilp_error = None, None, None
-    for rung in rungs:
+    for rung in [*rungs, None]:
         try:
-            sol = solve(rung)
+            sol = solve(rung) if rung is not None else fastest
         except InfeasibleBudgetError as err:
             ilp_error = err
             continue
-        chain = chain_of_plan(traced, profile, table, sol.choice)
+        if rung is not None and rung <= budget:
+            # The intra-op plan fits alone: a candidate without checkpoints.
+            found = package(sol)
+            if best is None or found.predicted_step_s < best.predicted_step_s:
+                best = found
+        chain = coarsen(chain_of_plan(traced, profile, table, sol.choice, node_weight))
         try:
             schedule = solve_checkpointing(chain, max(1, int(budget) - chain.persistent_bytes))
         except InfeasibleBudgetError as err:
@@ -187,8 +194,6 @@ def _two_stage(traced, profile, table, budget, solve, package, checkpointing, al
             least = need if least is None else min(least, need)
             if verbose:
                 print(f"automap: rung {_mib(rung)}: no schedule fits; it needs {_mib(need)}")
-            if not sol.memory_binding:
-                break
             continue
         found = package(sol, CheckpointPlan.from_schedule(chain, schedule, rung))
         if verbose:
@@ -196,14 +201,13 @@ def _two_stage(traced, profile, table, budget, solve, package, checkpointing, al
                   f"(recomputation {schedule.recompute_time_s * 1e3:.3f} ms)")
         if best is None or found.predicted_step_s < best.predicted_step_s:
             best = found
-        if not sol.memory_binding:
-            break  # looser rungs give this same intra-op plan
     if best is None:
         if least is None and ilp_error is not None:
             raise ilp_error
         raise InfeasibleBudgetError(
-            f"no sharding plan with activation checkpointing fits {_mib(budget)} per device; "
-            f"the smallest that fits needs {_mib(least)}", least)
+            f"no plan fits a memory budget of {budget:.4g} bytes per device, even with "
+            f"activation checkpointing; the smallest feasible budget is about {least:.4g} bytes "
+            f"({least / 2**30:.3f} GiB). Raise the budget or use a larger mesh.", least)
     return best
 
 

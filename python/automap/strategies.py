@@ -259,8 +259,10 @@ def _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count, flops_per_
             ])
             ratio = local / full
             options.memory_ratio = ratio
-            options.saved_bytes = prof.fwd_in_bytes * ratio
-            options.transient_bytes = (prof.fwd_tmp_bytes + prof.fwd_out_bytes
+            # Kept for the backward: saved inputs and tensors the node makes and
+            # saves besides its outputs (attention weights, masks, statistics).
+            options.saved_bytes = (prof.fwd_in_bytes + prof.fwd_tmp_bytes) * ratio
+            options.transient_bytes = (prof.fwd_buffer_bytes + prof.fwd_out_bytes
                                        + prof.bwd_tmp_bytes + prof.bwd_out_bytes) * ratio
     return options
 

@@ -1,7 +1,9 @@
 """Checkpoint pass: the plan's activation-checkpoint blocks (the rotor
 schedule's nested regions over linearized stages) become
 ``torch.utils.checkpoint.checkpoint(block, *inputs, use_reentrant=False)``
-calls in the generated graph, nested where the schedule nests.
+calls in the generated graph, nested where the schedule nests (non-reentrant
+checkpoints nest; each keeps only its inputs for the backward, which runs the
+region again).
 
 Every generated node carries the traced node it was emitted for
 (``meta["automap_origin"]``), so a stage is the traced nodes linearization put
@@ -25,15 +27,9 @@ ORIGIN = "automap_origin"
 _STAGE = "automap_stage"
 
 
-def checkpoint_block(function, *inputs):
-    """One checkpoint region: ``function(*inputs)`` keeping only its inputs for
-    the backward, which runs it again (non-reentrant, so regions nest)."""
-    return torch.utils.checkpoint.checkpoint(function, *inputs, use_reentrant=False)
-
-
 def wrap_checkpoint_blocks(graph: fx.Graph, attrs: dict, stages: list[list[str]],
                            blocks: list[dict]) -> None:
-    """Replace each block's nodes in ``graph`` by a ``checkpoint_block`` call;
+    """Replace each block's nodes in ``graph`` by a checkpoint call;
     ``attrs`` (the module's non-state attributes) gains the regions."""
     if not blocks:
         return
@@ -45,6 +41,13 @@ def wrap_checkpoint_blocks(graph: fx.Graph, attrs: dict, stages: list[list[str]]
     counter = iter(range(1 << 30))
     for block in blocks:
         _wrap(graph, attrs, block, counter)
+    # Nested regions belong to their parent region's module, not to this one.
+    for node in list(graph.nodes):
+        if node.op == "get_attr" and not node.users and node.target.startswith("checkpoint_"):
+            graph.erase_node(node)
+    used = {n.target for n in graph.nodes if n.op == "get_attr"}
+    for name in [a for a in attrs if a.startswith("checkpoint_") and a not in used]:
+        del attrs[name]
     graph.lint()
 
 
@@ -129,7 +132,8 @@ def _wrap(graph: fx.Graph, attrs: dict, block: dict, counter) -> None:
         fn = graph.get_attr(name)
         args = [graph.call_function(torch.ops.aten.clone.default, (a,), name=f"{a.name}_copy")
                 if a in written else a for a in inputs]
-        call = graph.call_function(checkpoint_block, (fn, *args), name=name)
+        call = graph.call_function(torch.utils.checkpoint.checkpoint, (fn, *args),
+                                   {"use_reentrant": False}, name=f"block_{index}")
         call.meta[_STAGE] = lo
         fn.meta[_STAGE] = None
         results = []
