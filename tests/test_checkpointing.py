@@ -131,3 +131,22 @@ def test_two_stage_beats_either_stage_alone():
     assert row["two_stage"] < row["ilp_alone"]
     assert row["two_stage"] < row["checkpointing_alone_dp"]
     assert row["two_stage"] <= row["checkpointing_alone_fastest"]
+
+
+def test_coarsening_merges_neighbours_and_keeps_totals(chain):
+    """Long chains (a depth-reduced 96-layer plan has ~1500 stages) are merged
+    to at most MAX_STAGES for the rotor DP, whose time grows as L^3."""
+    from automap.checkpointing import coarsen
+
+    for limit in (3, 5, len(chain.stages) - 1):
+        merged = coarsen(chain, limit)
+        assert len(merged) == limit
+        assert [n for s in merged.stages for n in s] == [n for s in chain.stages for n in s]
+        assert sum(merged.fwd_compute_s) == pytest.approx(sum(chain.fwd_compute_s))
+        assert sum(merged.saved_bytes) == sum(chain.saved_bytes)
+        assert merged.out_bytes[-1] == chain.out_bytes[-1]
+        assert all(s >= o for s, o in zip(merged.saved_bytes, merged.out_bytes))
+        # Fewer cut points never need less memory.
+        least = solve_checkpointing(merged, 10**12).peak_memory_bytes
+        assert least >= solve_checkpointing(chain, 10**12).peak_memory_bytes * 0.999
+    assert coarsen(chain, 10**6) is chain

@@ -65,12 +65,12 @@ def build_chain(traced, profile, flops_per_s: float) -> Chain:
 
 
 def chain_of_plan(traced, profile, table, choice: dict[str, int],
-                  node_weight: dict[str, float] | None = None) -> Chain:
+                  repeats: dict[str, int] | None = None) -> Chain:
     """The chain of ``traced`` under the strategies ``choice`` picks from
     ``table`` (a ``StrategyTable`` priced with ``profile``), per device.
 
-    ``node_weight``: how many times each node stands for itself in the real
-    model (depth-reduced planning, ``automap.depth``); a stage of a traced
+    ``repeats``: for depth-reduced planning (``automap.depth``), how many real
+    blocks each traced node's block stands for; each run of stages of such a
     block is repeated that many times, so the chain has the real depth."""
     stages = linearize(traced)
     stage_of = {name: k for k, stage in enumerate(stages) for name in stage}
@@ -137,19 +137,25 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int],
         chain.bwd_tmp_bytes.append(btmp)
         chain.fwd_comm_tmp_bytes.append(fcomm_tmp)
         chain.bwd_comm_tmp_bytes.append(bcomm_tmp)
-    chain.persistent_bytes = persistent_bytes(table, choice)
-    return _repeat_stages(chain, node_weight) if node_weight else chain
+    chain.persistent_bytes = persistent_bytes(table, choice, repeats)
+    return _repeat_stages(chain, repeats) if repeats else chain
 
 
-def _repeat_stages(chain: Chain, node_weight: dict[str, float]) -> Chain:
+def _repeat_stages(chain: Chain, repeats: dict[str, int]) -> Chain:
     out = Chain([], persistent_bytes=chain.persistent_bytes)
     columns = [f for f in vars(chain) if isinstance(getattr(chain, f), list) and f != "stages"]
-    for k, stage in enumerate(chain.stages):
-        times = max(1, round(max((node_weight.get(n, 1.0) for n in stage), default=1.0)))
-        for _ in range(times):
-            out.stages.append(stage)
-            for f in columns:
-                getattr(out, f).append(getattr(chain, f)[k])
+    times = [max((repeats.get(n, 1) for n in stage), default=1) for stage in chain.stages]
+    k = 0
+    while k < len(chain):
+        end = k
+        while end + 1 < len(chain) and times[end + 1] == times[k]:
+            end += 1
+        for _ in range(times[k]):  # the run of one block's stages, as a unit
+            for i in range(k, end + 1):
+                out.stages.append(chain.stages[i])
+                for f in columns:
+                    getattr(out, f).append(getattr(chain, f)[i])
+        k = end + 1
     return out
 
 
@@ -172,10 +178,13 @@ def choice_of_plan(table, plan) -> dict[str, int]:
     return choice
 
 
-def persistent_bytes(table, choice: dict[str, int]) -> int:
+def persistent_bytes(table, choice: dict[str, int], repeats: dict[str, int] | None = None
+                     ) -> int:
     """Per device bytes of parameter, gradient and optimizer-state shards,
-    buffers and (local) inputs under ``choice``."""
+    buffers and (local) inputs under ``choice`` (``repeats``: see
+    ``chain_of_plan``)."""
     total = 0.0
+    repeats = repeats or {}
     for node in table.nodes.values():
         if node.op != "placeholder" or not node.outputs:
             continue
@@ -184,7 +193,7 @@ def persistent_bytes(table, choice: dict[str, int]) -> int:
             spec = node.out_specs[c][0]
             total += node.outputs[0].nbytes / ShardingSpec.parse(spec).shard_count(table.mesh)
         else:
-            total += float(node.persistent_bytes[c])
+            total += float(node.persistent_bytes[c]) * repeats.get(node.name, 1)
     return int(total)
 
 

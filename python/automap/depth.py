@@ -84,3 +84,20 @@ def multiplicities(blocks, stacks: list[Stack], edges):
         else:
             edge_weight[edge] = s.depth / s.kept
     return node_weight, edge_weight
+
+
+def instance_repeats(blocks, stacks: list[Stack]) -> dict[str, int]:
+    """Per node of a cut stack's traced blocks: how many real blocks its
+    instance stands for, in order (the last traced block repeats for all the
+    blocks that were cut); for rebuilding the real depth of a chain."""
+    by_path = {s.path: s for s in stacks}
+    repeats: dict[str, int] = {}
+    for block in blocks:
+        stack = by_path.get(block.container)
+        if stack is None:
+            continue
+        for i, instance in enumerate(block.instances):
+            times = stack.depth - stack.kept + 1 if i == len(block.instances) - 1 else 1
+            for name in instance:
+                repeats[name] = times
+    return repeats

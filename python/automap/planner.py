@@ -14,7 +14,7 @@ from torch import nn
 from automap.blocks import detect_blocks
 from automap.checkpoint_plan import CheckpointPlan
 from automap.checkpointing import chain_of_plan, coarsen, solve_checkpointing
-from automap.depth import multiplicities, reduced_depth
+from automap.depth import instance_repeats, multiplicities, reduced_depth
 from automap.errors import InfeasibleBudgetError, InvalidMeshError
 from automap.ilp import solve_ilp
 from automap.layout import layout_path
@@ -155,7 +155,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         return package(solve(memory_budget_bytes))
     return _two_stage(traced, profile, table, memory_budget_bytes, solve, package,
                       checkpointing, ladder_alpha, ladder_steps, verbose,
-                      node_weight if stacks else None)
+                      instance_repeats(blocks, list(stacks)) if stacks else None)
 
 
 def _mib(budget) -> str:
@@ -163,7 +163,7 @@ def _mib(budget) -> str:
 
 
 def _two_stage(traced, profile, table, budget, solve, package, checkpointing, alpha, steps,
-               verbose, node_weight) -> Plan:
+               verbose, repeats) -> Plan:
     """MAP's two-stage search (section 5.3): intra-op plans for a ladder of
     looser budgets, each made to fit the real ``budget`` by the rotor
     checkpointing DP; the fastest combination wins. The ladder stops below
@@ -186,7 +186,7 @@ def _two_stage(traced, profile, table, budget, solve, package, checkpointing, al
             found = package(sol)
             if best is None or found.predicted_step_s < best.predicted_step_s:
                 best = found
-        chain = coarsen(chain_of_plan(traced, profile, table, sol.choice, node_weight))
+        chain = coarsen(chain_of_plan(traced, profile, table, sol.choice, repeats))
         try:
             schedule = solve_checkpointing(chain, max(1, int(budget) - chain.persistent_bytes))
         except InfeasibleBudgetError as err:
