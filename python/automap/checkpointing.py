@@ -247,9 +247,12 @@ class Schedule:
     peak_memory_bytes: int
     budget_bytes: int
     op_memory_bytes: list[int]
+    recomputed_forwards: int
 
     @property
     def recompute_time_s(self) -> float:
+        if not self.recomputed_forwards:
+            return 0.0
         return max(0.0, self.predicted_time_s - self.no_recompute_time_s)
 
 
@@ -276,4 +279,5 @@ def solve_checkpointing(chain: Chain, activation_budget_bytes: int, slots: int =
     return Schedule(list(found.ops), list(found.blocks),
                     found.predicted_time_s - tie_s * forwards,
                     found.no_recompute_time_s - tie_s * len(chain),
-                    found.peak_memory_bytes, found.budget_bytes, list(found.op_memory_bytes))
+                    found.peak_memory_bytes, found.budget_bytes, list(found.op_memory_bytes),
+                    forwards - len(chain))
