@@ -138,6 +138,10 @@ def train_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
             _GROUPS[key] = mesh.process_groups()
         groups = _GROUPS[key]
         model, inputs, loss_fn = build(case["model"])
+        if case.get("dtype") == "float64":
+            model = model.double()
+            inputs = pytree.tree_map_only(
+                torch.Tensor, lambda t: t.double() if t.is_floating_point() else t, inputs)
         traced = trace(model, inputs, loss_fn=loss_fn or default_loss)
         payload = [None]
         if rank == 0:
@@ -187,12 +191,13 @@ def _max_diff(full: dict, reference: dict, floor: float = 1e-12) -> tuple[float,
     return worst, worst_abs, worst_name
 
 
-def _serial_run(model, inputs, loss_fn, opt_kind, dtype=torch.float32):
+def _serial_run(model, inputs, loss_fn, opt_kind, dtype=None):
     """STEPS optimizer steps of a copy of ``model`` in ``dtype``: losses, first-step
     gradients and the final parameters and buffers."""
     from automap import hf_compat
     from automap.tracing import default_loss, split_inputs
 
+    dtype = dtype or next(model.parameters()).dtype
     serial = copy.deepcopy(model).to(dtype)
     args, kwargs = split_inputs(inputs)
     args, kwargs = pytree.tree_map_only(
@@ -210,7 +215,7 @@ def _serial_run(model, inputs, loss_fn, opt_kind, dtype=torch.float32):
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
-    state = {n: t.detach().float() if t.is_floating_point() else t
+    state = {n: t.detach()
              for n, t in [*serial.named_parameters(), *serial.named_buffers()]}
     return losses, grads, state
 
