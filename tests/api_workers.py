@@ -8,10 +8,20 @@ import torch
 
 from automap import DeviceMesh
 from automap.api import apply, autoparallelize
-from automap.errors import InvalidMeshError, StalePlanError
+from automap.errors import AutomapError, InvalidMeshError, StalePlanError
+from automap.plan import Plan
 from automap.planner import plan as solve_plan
 from forced_plans import forced_plan
 from generate_workers import build
+
+
+def _save(plan, rank: int) -> str:
+    import os
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), f"automap_api_plan_{os.getpid()}_{rank}.json")
+    plan.to_json(path)
+    return path
 
 
 def _raises(fn, error) -> str:
@@ -56,6 +66,12 @@ def api_checks(rank: int, world: int) -> dict:
     out["stale_error"] = _raises(lambda: apply(plan, other, other_inputs, loss_fn=other_loss),
                                  StalePlanError)
     out["applied_loss"] = apply(plan, model, inputs, loss_fn=loss_fn)(*inputs).item()
+    # A saved plan records its inputs' shapes: apply(plan, model) needs no inputs.
+    saved = Plan.from_json(_save(plan, rank))
+    out["applied_without_inputs_loss"] = apply(saved, model, loss_fn=loss_fn)(*inputs).item()
+    saved.inputs = None
+    out["no_inputs_error"] = _raises(lambda: apply(saved, model, loss_fn=loss_fn),
+                                     AutomapError)
 
     # Rank-local inputs under data parallelism.
     _, dp = forced_plan(model, inputs, loss_fn, mesh, params={}, inputs={"args_0": "S0R"})

@@ -27,6 +27,8 @@ def test_api_on_two_ranks():
         parallel, serial = r["default_loss"]
         assert parallel == pytest.approx(serial, rel=1e-5)
         assert r["applied_loss"] == pytest.approx(serial, rel=1e-5)
+        assert r["applied_without_inputs_loss"] == pytest.approx(serial, rel=1e-5)
+        assert "pass example_inputs" in r["no_inputs_error"]
         assert r["local_loss"] == pytest.approx(serial, rel=1e-5)
         parallel, serial = r["gpt2_distinct_inputs"]
         assert parallel == pytest.approx(serial, rel=1e-5)

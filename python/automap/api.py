@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from automap.errors import InvalidMeshError
+from automap.example_inputs import describe_inputs, stand_in_inputs
 from automap.mesh import DeviceMesh
 from automap.plan import Plan
 
@@ -63,20 +64,30 @@ def autoparallelize(
         if dist.get_rank() == leader:
             found = plan_best(traced, profile_traced(traced, optimizer), meshes,
                               memory_budget_bytes, optimizer=optimizer, **plan_options)
+            found.inputs = describe_inputs(example_inputs)
             payload = [found.to_dict()]
         dist.broadcast_object_list(payload, src=leader)
         plan = Plan.from_dict(payload[0])
     return _generate(traced, plan, model, _mesh_for_world(plan.mesh), device, local_inputs, seed)
 
 
-def apply(plan: Plan, model: nn.Module, example_inputs: Any, *, loss_fn=None,
+def apply(plan: Plan, model: nn.Module, example_inputs: Any = None, *, loss_fn=None,
           local_inputs: bool = False, device: str | torch.device | None = None, seed: int = 0):
     """This rank's ``ParallelModule`` of ``model`` under ``plan`` (made by
-    ``automap.plan`` for the same model, inputs and loss). Raises
-    ``StalePlanError`` when the model or input shapes changed since planning."""
+    ``automap.plan`` for the same model, inputs and loss). Without
+    ``example_inputs``, stand-ins of the shapes and dtypes the plan recorded are
+    traced. Raises ``StalePlanError`` when the model or input shapes changed
+    since planning."""
     mesh = _mesh_for_world(plan.mesh)
+    if example_inputs is None:
+        example_inputs = stand_in_inputs(plan.inputs, _model_device(model))
     traced = _trace(model, example_inputs, loss_fn)
     return _generate(traced, plan, model, mesh, _device(device), local_inputs, seed)
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    first = next(iter(model.parameters()), None)
+    return first.device if first is not None else torch.device("cpu")
 
 
 def _trace(model, example_inputs, loss_fn):

@@ -73,6 +73,8 @@ class Plan:
     versions: dict = field(default_factory=dict)
     #: Activation checkpointing (None: every activation is kept for the backward).
     checkpoint: CheckpointPlan | None = None
+    #: The example inputs' form, shapes and dtypes (``automap.example_inputs``).
+    inputs: dict | None = None
 
     # Serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -91,6 +93,7 @@ class Plan:
             "memory_binding": self.memory_binding,
             "unsupported_ops": self.unsupported_ops,
             "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None,
+            "inputs": self.inputs,
             "nodes": [asdict(n) for n in self.nodes.values()],
             "edges": [asdict(e) for e in self.edges],
         }
@@ -125,6 +128,7 @@ class Plan:
             unsupported_ops=data.get("unsupported_ops", {}),
             versions=data.get("versions", {}),
             checkpoint=CheckpointPlan.from_dict(data.get("checkpoint")),
+            inputs=data.get("inputs"),
         )
 
     @classmethod

@@ -16,6 +16,7 @@ from automap.checkpoint_plan import CheckpointPlan
 from automap.checkpointing import chain_of_plan, coarsen, solve_checkpointing
 from automap.depth import instance_repeats, multiplicities, reduced_depth
 from automap.errors import InfeasibleBudgetError, InvalidMeshError
+from automap.example_inputs import describe_inputs
 from automap.ilp import solve_ilp
 from automap.layout import layout_path
 from automap.mesh import DeviceMesh
@@ -113,11 +114,13 @@ def plan(
     t1 = time.perf_counter()
     if verbose:
         print(f"automap: traced and profiled {len(traced.nodes)} nodes in {t1 - t0:.2f} s")
-    return plan_best(traced, profile, meshes, memory_budget_bytes, optimizer=optimizer,
-                       flops_per_s=flops_per_s, strict=strict, time_limit_s=time_limit_s,
-                       merge_followers=merge_followers, tie_blocks=tie_blocks or bool(stacks),
-                       stacks=stacks, strategy_filter=strategy_filter, trace_s=t1 - t0,
-                       checkpointing=checkpointing, verbose=verbose)
+    found = plan_best(traced, profile, meshes, memory_budget_bytes, optimizer=optimizer,
+                      flops_per_s=flops_per_s, strict=strict, time_limit_s=time_limit_s,
+                      merge_followers=merge_followers, tie_blocks=tie_blocks or bool(stacks),
+                      stacks=stacks, strategy_filter=strategy_filter, trace_s=t1 - t0,
+                      checkpointing=checkpointing, verbose=verbose)
+    found.inputs = describe_inputs(example_inputs)
+    return found
 
 
 def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
