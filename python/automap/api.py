@@ -38,7 +38,9 @@ def autoparallelize(
     The module is called like ``model`` on ``example_inputs``-shaped inputs and
     returns the loss (``loss_fn(model(...))``, default ``automap.tracing.
     default_loss``), replicated. Rank ``mesh.ranks[0]`` solves the plan and sends
-    it to the others. ``plan_options`` go to ``automap.plan`` (e.g. ``flops_per_s``).
+    it to the others. ``plan_options`` go to ``automap.plan`` (e.g. ``flops_per_s``,
+    ``checkpointing``: within a budget the plan may checkpoint activations, which the
+    module then recomputes in nested ``torch.utils.checkpoint`` regions).
     """
     from automap.planner import candidate_meshes, plan_best
     from automap.profiling import profile_traced
