@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from automap import DeviceMesh, ShardingSpec
 from automap.generate import generate
@@ -44,6 +45,13 @@ def build(name: str):
     torch.manual_seed(0)
     if name == "gpt2":
         model, inputs, loss_fn = model_zoo.gpt2(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    elif name == "resnet":
+        # 16x16 images: a quarter of the ReLU inputs of 32x32 ones, so that none
+        # comes within a few rounding errors of the kink (``relu_margin``).
+        model = model_zoo.ResNet()
+        x = torch.randn(model_zoo.BATCH, 3, 16, 16)
+        y = torch.randint(0, 10, (model_zoo.BATCH,))
+        return model, (x,), lambda out: torch.nn.functional.cross_entropy(out, y)
     elif name == "block":
         model = planning_models.GPT2Block(32, 4)
         x = torch.randn(4, 8, 32)
@@ -99,10 +107,21 @@ FORCED = {
 }
 
 
-def _optimizer(kind: str, params):
+#: AdamW's eps. Adam's update lr*m/(sqrt(v)+eps) has slope up to lr/eps in the
+#: gradient where the gradient is near 0; a gradient element that is a nearly
+#: cancelling sum carries rounding of ~1e-8 that differs with the order of the sum
+#: (serial fp32, fp64 and a sharded plan all differ), so lr/eps = 1e3 (eps 1e-6)
+#: made 1e-5 parameter differences in one step, and the serial fp32 run itself
+#: ended 1.7e-6 to 4.8e-6 (ResNet: 1.6e-3) from fp64. lr/eps = 10 keeps it
+#: within 3e-7 of fp64 for every model; Adam's step stays normalised for
+#: gradient elements well above 1e-4.
+ADAMW_EPS = 1e-4
+
+
+def _optimizer(kind: str, params, eps: float = ADAMW_EPS):
     if kind == "sgd":
         return torch.optim.SGD(params, lr=0.05, momentum=0.9)
-    return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, eps=1e-6)
+    return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, eps=eps)
 
 
 def _call(module, inputs):
@@ -153,7 +172,8 @@ def train_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
             module = generate(traced, plan, model, groups,
                               grad_bucket_bytes=case.get("bucket_bytes", BUCKET_BYTES))
             out["bytes"] = module.local_parameter_bytes()
-            opt = _optimizer(opt_kind, module.parameters())
+            eps = case.get("adamw_eps", ADAMW_EPS)
+            opt = _optimizer(opt_kind, module.parameters(), eps)
             losses, grads = [], None
             for _ in range(STEPS):
                 loss = _call(module, inputs)
@@ -166,8 +186,8 @@ def train_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
             full = module.full_state_dict()
             out["buckets"] = len(module.gradient_sync.buckets)
             if rank == 0:
-                out[opt_kind] = _compare_serial(model, inputs, loss_fn, opt_kind, losses, full,
-                                                grads)
+                out[opt_kind] = _compare_serial(model, inputs, loss_fn, opt_kind, eps, losses,
+                                                full, grads)
                 out["code"] = module.code
         out["seconds"] = time.perf_counter() - start
         results.append(out)
@@ -191,9 +211,22 @@ def _max_diff(full: dict, reference: dict, floor: float = 1e-12) -> tuple[float,
     return worst, worst_abs, worst_name
 
 
-def _serial_run(model, inputs, loss_fn, opt_kind, dtype=None):
+class _ReluInputs(TorchDispatchMode):
+    """Records a copy (in float64) of every ReLU's input, in call order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inputs: list[torch.Tensor] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.relu.default, torch.ops.aten.relu_.default):
+            self.inputs.append(args[0].detach().to(torch.float64, copy=True))
+        return func(*args, **(kwargs or {}))
+
+
+def _serial_run(model, inputs, loss_fn, opt_kind, eps, dtype=None):
     """STEPS optimizer steps of a copy of ``model`` in ``dtype``: losses, first-step
-    gradients and the final parameters and buffers."""
+    gradients, the final parameters and buffers, and every ReLU input on the way."""
     from automap import hf_compat
     from automap.tracing import default_loss, split_inputs
 
@@ -204,31 +237,50 @@ def _serial_run(model, inputs, loss_fn, opt_kind, dtype=None):
         torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, (args, kwargs))
     if hf_compat.is_hf_model(serial):
         kwargs = {**hf_compat.call_kwargs(serial), **kwargs}
-    opt = _optimizer(opt_kind, serial.parameters())
+    opt = _optimizer(opt_kind, serial.parameters(), eps)
     losses, grads = [], None
-    for _ in range(STEPS):
-        loss = (loss_fn or default_loss)(serial(*args, **kwargs))
-        loss.backward()
-        if grads is None:
-            grads = {n: p.grad.clone() for n, p in serial.named_parameters()
-                     if p.grad is not None}
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+    with _ReluInputs() as relu:
+        for _ in range(STEPS):
+            loss = (loss_fn or default_loss)(serial(*args, **kwargs))
+            loss.backward()
+            if grads is None:
+                grads = {n: p.grad.clone() for n, p in serial.named_parameters()
+                         if p.grad is not None}
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
     state = {n: t.detach()
              for n, t in [*serial.named_parameters(), *serial.named_buffers()]}
-    return losses, grads, state
+    return losses, grads, state, relu.inputs
 
 
-def _compare_serial(model, inputs, loss_fn, opt_kind, losses, full, grads) -> dict:
-    serial_losses, serial_grads, state = _serial_run(model, inputs, loss_fn, opt_kind)
+def _relu_margin(inputs: list, inputs64: list, dtype: torch.dtype) -> float:
+    """How far from ReLU's kink the run stays, in units of rounding: the least,
+    over every ReLU call of every step, of its inputs' smallest |x| (float64 run)
+    over the root mean square of what rounding moved them by (fp32 run against
+    float64). Within a few of these units, another order of the same sums (a
+    sharded plan's) may flip an input's sign, and a gradient jumps by a whole
+    term. inf for float64 models (nothing to compare)."""
+    if dtype == torch.float64 or not inputs:
+        return math.inf
+    return min(float(b.abs().min() / (a - b).pow(2).mean().sqrt().clamp_min(1e-30))
+               for a, b in zip(inputs, inputs64, strict=True))
+
+
+def _compare_serial(model, inputs, loss_fn, opt_kind, eps, losses, full, grads) -> dict:
+    serial_losses, serial_grads, state, relu_in = _serial_run(model, inputs, loss_fn,
+                                                              opt_kind, eps)
     rel_loss = max(abs(a - b) / abs(b) for a, b in zip(losses, serial_losses))
     worst, worst_abs, worst_name = _max_diff(full, state)
     worst_grad, _, worst_grad_name = _max_diff(grads, serial_grads, floor=GRAD_FLOOR)
-    # How far fp32 rounding alone moves the serial model: fp32 against fp64.
-    _, _, state64 = _serial_run(model, inputs, loss_fn, opt_kind, torch.float64)
+    # How well conditioned the comparison is: how far fp32 rounding alone moves
+    # the serial model (fp32 against fp64), and how near its ReLU inputs come to
+    # the kink relative to that rounding.
+    _, _, state64, relu_in64 = _serial_run(model, inputs, loss_fn, opt_kind, eps, torch.float64)
     _, noise_abs, _ = _max_diff(state, state64)
+    dtype = next(model.parameters()).dtype
     return {"losses": losses, "serial_losses": serial_losses, "max_rel_loss": rel_loss,
             "max_rel_param": worst, "max_abs_param": worst_abs, "worst_param": worst_name,
             "max_rel_grad": worst_grad, "worst_grad": worst_grad_name, "compared": len(full),
-            "grads_compared": len(grads), "fp32_noise_abs_param": noise_abs}
+            "grads_compared": len(grads), "fp32_noise_abs_param": noise_abs,
+            "relu_margin": _relu_margin(relu_in, relu_in64, dtype)}

@@ -2,7 +2,9 @@
 the serial model. On meshes (4,) and (2,2) of 4 gloo ranks (one spawn per mesh,
 every model inside it), five steps of SGD and of AdamW give the serial losses at
 every step, the serial gradients at the first step and the serial parameters
-after the last; each rank holds exactly the plan's shard bytes.
+after the last, all within 1e-5 in fp32; each rank holds exactly the plan's
+shard bytes. Each case first checks that its serial run is well conditioned
+enough for 1e-5 to be a property of fp32 arithmetic (see ``FP32_NOISE``).
 
 Plans: the solver's (``solver``: default FLOP/s, ``solver_slow``: FLOP/s so slow
 that it splits the compute) and forced ones for every communication path
@@ -18,16 +20,23 @@ from generate_workers import COLLECTIVE_NAMES, train_cases
 
 pytestmark = pytest.mark.multiprocess
 
-#: Relative tolerance of losses and first-step gradients, and of parameters after
-#: SGD; absolute tolerance of parameters after AdamW, or the distance between the
-#: serial model in fp32 and in fp64 where that is larger. That exception is for
-#: the ResNet under sharded plans alone: after three AdamW steps a few
-#: pre-activations sit within rounding of ReLU's kink, so the order of a sum flips
-#: a gradient element's sign (serial -3.0e-6, parallel -6.1e-4 for one
-#: layer2.conv2 weight at step 4) and Adam's normalised step turns that into an
-#: lr-sized difference; the serial fp32 model is 1.6e-3 away from its own fp64
-#: run. The same case in float64 (test below) meets 1e-5 outright.
+#: Tolerance: relative for losses and first-step gradients; relative (to the
+#: tensor's largest entry) and absolute for parameters after SGD and after AdamW.
 TOL = 1e-5
+#: Equality within TOL is a property of the parallel module only where it is one
+#: of fp32 arithmetic, i.e. where the training run is well conditioned; each case
+#: checks that of its serial run first. (1) fp32 rounding alone (the serial fp32
+#: run against fp64) moves the final parameters by at most FP32_NOISE. With
+#: AdamW's eps at 1e-6 it did not (ResNet 1.6e-3, the transformers up to 4.8e-6):
+#: Adam's slope lr/eps = 1e3 near a zero gradient turns the ~1e-8 rounding of a
+#: cancelling gradient sum into a 1e-5 step (``generate_workers.ADAMW_EPS``).
+#: (2) Every ReLU input stays RELU_MARGIN rounding errors (root mean square over
+#: its tensor) away from 0; nearer, another order of the same sums may flip its
+#: sign and the gradient jumps by a whole term: on 32x32 images one flip among
+#: 32768 inputs (7.7e-4 in a layer2.conv1 weight, in fp64 too) then grew through
+#: Adam to 5.9e-4 in the parameters. The ResNet's 16x16 images keep it 3.9 away.
+FP32_NOISE = TOL / 10
+RELU_MARGIN = 3.0
 
 CASES = {
     (4,): [
@@ -62,17 +71,29 @@ def _report(mesh_shape, results) -> list[str]:
         label = f"{case['case']['model']}/{case['case']['plan']} on {mesh_shape}"
         sgd, adamw = case["sgd"], case["adamw"]
         print(f"{label}: loss rel {max(sgd['max_rel_loss'], adamw['max_rel_loss']):.1e}, grad rel "
-              f"{sgd['max_rel_grad']:.1e}, params rel (SGD) {sgd['max_rel_param']:.1e}, abs "
-              f"(AdamW) {adamw['max_abs_param']:.1e} (fp32 vs fp64 serial: "
-              f"{adamw['fp32_noise_abs_param']:.1e}), bytes/rank {case['bytes']} "
-              f"(plan {case['expected_bytes']}), {case['buckets']} gradient buckets, "
-              f"{case['seconds']:.1f} s")
+              f"{sgd['max_rel_grad']:.1e}, params rel/abs: SGD {sgd['max_rel_param']:.1e}/"
+              f"{sgd['max_abs_param']:.1e}, AdamW {adamw['max_rel_param']:.1e}/"
+              f"{adamw['max_abs_param']:.1e} (serial fp32 vs fp64 "
+              f"{sgd['fp32_noise_abs_param']:.1e}/{adamw['fp32_noise_abs_param']:.1e}, ReLU "
+              f"margin {min(sgd['relu_margin'], adamw['relu_margin']):.1f}), bytes/rank "
+              f"{case['bytes']} (plan {case['expected_bytes']}), {case['buckets']} gradient "
+              f"buckets, {case['seconds']:.1f} s")
         checks = [
             (max(sgd["max_rel_loss"], adamw["max_rel_loss"]) <= TOL, "losses differ"),
             (sgd["max_rel_grad"] <= TOL, f"gradient {sgd['worst_grad']} differs"),
-            (sgd["max_rel_param"] <= TOL, f"SGD parameter {sgd['worst_param']} differs"),
-            (adamw["max_abs_param"] <= max(TOL, adamw["fp32_noise_abs_param"]),
-             f"AdamW parameter {adamw['worst_param']} differs"),
+        ]
+        for name, run in (("SGD", sgd), ("AdamW", adamw)):
+            checks += [
+                (run["fp32_noise_abs_param"] <= FP32_NOISE,
+                 f"ill-conditioned case: {name}'s serial fp32 run is "
+                 f"{run['fp32_noise_abs_param']:.1e} from fp64"),
+                (run["relu_margin"] >= RELU_MARGIN,
+                 f"ill-conditioned case: a ReLU input under {name} is within "
+                 f"{run['relu_margin']:.1f} times its rounding of 0"),
+                (max(run["max_rel_param"], run["max_abs_param"]) <= TOL,
+                 f"{name} parameter {run['worst_param']} differs"),
+            ]
+        checks += [
             (all(r[i]["bytes"] == case["expected_bytes"] for r in results),
              f"parameter bytes {[r[i]['bytes'] for r in results]} != {case['expected_bytes']}"),
             (sgd["grads_compared"] > 0 and sgd["compared"] > 0, "nothing compared"),
@@ -96,15 +117,17 @@ def test_parallel_training_equals_serial(mesh_shape):
     assert not failures, "\n".join(failures)
 
 
-def test_adamw_on_the_rounding_sensitive_resnet_in_float64():
-    """The ResNet case whose fp32 AdamW parameters are rounding-chaotic (see TOL),
-    in float64: plan, generated module and serial model agree within 1e-5."""
+def test_ill_conditioned_adamw_in_float64():
+    """AdamW with eps 1e-6, where fp32 training of the ResNet is ill-conditioned
+    (its serial fp32 run ends 1.6e-3 from fp64, see FP32_NOISE), in float64: the
+    parallel module and the serial model agree to 1e-12, so what differs in fp32
+    at that eps is rounding, amplified, not the plan."""
     mesh = DeviceMesh((4,))
     cases = [{"model": "resnet", "mesh": mesh.to_dict(), "plan": "solver_slow",
-              "dtype": "float64"}]
+              "dtype": "float64", "adamw_eps": 1e-6}]
     results = run_on_gloo(train_cases, mesh.size, cases, timeout_s=600)
-    adamw = results[0][0]["adamw"]
-    assert adamw["fp32_noise_abs_param"] == 0  # the reference is the float64 serial run
     failures = _report((4,), results)
     assert not failures, "\n".join(failures)
-    assert adamw["max_abs_param"] <= TOL
+    for run in (results[0][0]["sgd"], results[0][0]["adamw"]):
+        assert run["fp32_noise_abs_param"] == 0  # the reference is the float64 serial run
+        assert max(run["max_rel_loss"], run["max_rel_param"], run["max_abs_param"]) <= 1e-12
