@@ -15,13 +15,14 @@ from forced_plans import forced_plan
 from generate_workers import build
 
 
-def _save(plan, rank: int) -> str:
+def _saved_and_loaded(plan) -> Plan:
     import os
     import tempfile
 
-    path = os.path.join(tempfile.gettempdir(), f"automap_api_plan_{os.getpid()}_{rank}.json")
-    plan.to_json(path)
-    return path
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "plan.json")
+        plan.to_json(path)
+        return Plan.from_json(path)
 
 
 def _raises(fn, error) -> str:
@@ -67,7 +68,7 @@ def api_checks(rank: int, world: int) -> dict:
                                  StalePlanError)
     out["applied_loss"] = apply(plan, model, inputs, loss_fn=loss_fn)(*inputs).item()
     # A saved plan records its inputs' shapes: apply(plan, model) needs no inputs.
-    saved = Plan.from_json(_save(plan, rank))
+    saved = _saved_and_loaded(plan)
     out["applied_without_inputs_loss"] = apply(saved, model, loss_fn=loss_fn)(*inputs).item()
     saved.inputs = None
     out["no_inputs_error"] = _raises(lambda: apply(saved, model, loss_fn=loss_fn),
@@ -125,4 +126,30 @@ def api_checks(rank: int, world: int) -> dict:
     reference.load_state_dict(full_dp)
     out["meta_losses"] = (loss_dp, loss_mt, square(reference(*inputs)).item())
     out["meta_still_meta"] = all(p.device.type == "meta" for p in meta_model.parameters())
+    return out
+
+
+def apply_saved_plans(rank: int, world: int, paths: dict) -> dict:
+    """For each model name, the plan saved at ``paths[name]`` (made by
+    ``automap.plan`` outside any process group): ``automap.apply(plan, model)`` with
+    no example inputs, then STEPS SGD steps; their losses and the serial model's."""
+    import automap
+    from generate_workers import STEPS, _call, _optimizer, _serial_run
+
+    out = {}
+    for name, path in paths.items():
+        model, inputs, loss_fn = build(name)
+        serial_losses = _serial_run(model, inputs, loss_fn, "sgd", eps=None)[0]
+        module = automap.apply(Plan.from_json(path), model, loss_fn=loss_fn)
+        opt = _optimizer("sgd", module.parameters())
+        losses = []
+        for _ in range(STEPS):
+            loss = _call(module, inputs)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        out[name] = {"losses": losses, "serial_losses": serial_losses,
+                     "bytes": module.local_parameter_bytes(),
+                     "full_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
     return out

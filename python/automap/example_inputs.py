@@ -26,8 +26,9 @@ def describe_inputs(example_inputs: Any) -> dict:
 
 
 def stand_in_inputs(description: dict | None, device: torch.device | str = "cpu") -> Any:
-    """Inputs of the recorded form, shapes and dtypes: floating tensors zero,
-    integer tensors one (a valid token id, class or mask value), bool True."""
+    """Inputs of the recorded form, shapes and dtypes, each tensor filled with its
+    recorded fill: floating tensors zero, integer tensors one (a valid token id,
+    class or mask value), bool True."""
     if not description:
         raise AutomapError("this plan does not record its example inputs (it was saved by an "
                            "older automap or built by hand); pass example_inputs to "
@@ -43,7 +44,9 @@ def stand_in_inputs(description: dict | None, device: torch.device | str = "cpu"
 
 def _describe(value: Any) -> dict:
     if isinstance(value, torch.Tensor):
-        return {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+        fill = 0 if value.is_floating_point() or value.is_complex() else 1
+        return {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch."),
+                "fill": fill}
     if isinstance(value, _SCALARS):
         return {"value": value}
     return {"unrecordable": type(value).__name__}
@@ -56,6 +59,5 @@ def _stand_in(record: dict, device) -> Any:
         raise AutomapError(f"the plan's example inputs held a {record['unrecordable']}, which "
                            "a plan cannot record; pass example_inputs to automap.apply")
     dtype = getattr(torch, record["dtype"])
-    if dtype.is_floating_point or dtype.is_complex:
-        return torch.zeros(record["shape"], dtype=dtype, device=device)
-    return torch.ones(record["shape"], dtype=dtype, device=device)
+    fill = record.get("fill", 0 if dtype.is_floating_point or dtype.is_complex else 1)
+    return torch.full(record["shape"], fill, dtype=dtype, device=device)
