@@ -14,7 +14,9 @@ node whose autograd nodes run it.
 Per graph node, the paper's quantities (bytes are of storages, counted once):
 
 - ``fwd_in_bytes``: the node's inputs it saves for backward (parameters, buffers and
-  constants excluded: they are counted as parameter/buffer memory).
+  constants excluded: they are counted as parameter/buffer memory). A tensor several
+  nodes save (an in-place ReLU's output, saved again by the next convolution) counts
+  for the first of them only: summed over nodes, saved bytes are the bytes kept.
 - ``fwd_tmp_bytes``: tensors the node creates and saves for backward that are not its
   outputs (e.g. BatchNorm's batch statistics, a dropout mask); they live until the
   node's backward.
@@ -499,6 +501,7 @@ class _Recorder:
             for name, info in traced.nodes.items()
         }
         self.saved: dict[str, dict[int, _Storage]] = {}  # node -> storages it saved
+        self.attributed: set[int] = set()  # saved storages already counted by a node
         self.grad_fn_owner: dict[torch.autograd.graph.Node, str] = {}
         self.param_nodes: dict[int, str] = {}
         self.grad_records: list[_Storage] = []
@@ -609,6 +612,9 @@ class _Recorder:
         for key, record in self.saved[node].items():
             if record.kind != FORWARD and record.kind != "inputs":
                 continue  # parameters, buffers: not activations
+            if key in self.attributed:
+                continue  # saved by an earlier node too: it exists once
+            self.attributed.add(key)
             if record.node != node:
                 prof.fwd_in_bytes += record.nbytes
             elif key not in outs:
