@@ -14,6 +14,7 @@ from torch import nn
 from automap import DeviceMesh, InfeasibleBudgetError
 from automap.generate import generate
 from automap.planner import plan as solve_plan
+from model_zoo import allocation_peak_bytes
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
@@ -60,11 +61,7 @@ def activation_peak_bytes(module, inputs) -> tuple[float, int]:
         loss = _call(module, inputs)
         loss.backward()
         del loss
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    live = peak = 0
-    for event in sorted(events, key=lambda e: e.start_ns()):
-        live += event.nbytes()
-        peak = max(peak, live)
+    peak = allocation_peak_bytes(prof)
     module.zero_grad(set_to_none=False)
     loss = _call(module, inputs)
     loss.backward()

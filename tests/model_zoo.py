@@ -255,6 +255,18 @@ def _storage_bytes(tensors) -> int:
     return sum(seen.values())
 
 
+def allocation_peak_bytes(prof) -> int:
+    """The peak of the running sum of the CPU allocator's allocation and free
+    events a ``torch.profiler.profile(profile_memory=True)`` recorded: the most
+    bytes allocated at once beyond what was live when it started."""
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
 def measure_step(model: nn.Module, example_inputs: Any, loss_fn: Callable, optimizer="adamw"):
     """Run real training steps of ``model`` and measure the second (steady-state) one:
     its peak of live tensor bytes and its forward+backward FLOPs.
@@ -296,11 +308,7 @@ def measure_step(model: nn.Module, example_inputs: Any, loss_fn: Callable, optim
         activities = [torch.profiler.ProfilerActivity.CPU]
         with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
             step()
-        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-        live = peak = 0
-        for event in sorted(events, key=lambda e: e.start_ns()):
-            live += event.nbytes()
-            peak = max(peak, live)
+        peak = allocation_peak_bytes(prof)
 
     with FlopCounterMode(display=False) as counter:
         loss_fn(model(*args, **kwargs)).backward()

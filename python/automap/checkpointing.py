@@ -28,7 +28,8 @@ from automap import _core
 from automap.errors import StalePlanError
 from automap.layout import layout_path
 from automap.linearize import linearize
-from automap.spec import ShardingSpec
+from automap.mesh import DeviceMesh
+from automap.strategies import ShardCounts, build_strategy_table
 
 
 @dataclass
@@ -56,9 +57,6 @@ class Chain:
 
 def build_chain(traced, profile, flops_per_s: float) -> Chain:
     """The chain of ``traced`` on one device (no sharding, no communication)."""
-    from automap.mesh import DeviceMesh
-    from automap.strategies import build_strategy_table
-
     table = build_strategy_table(traced, profile, DeviceMesh((1,)), flops_per_s=flops_per_s,
                                  optimizer=profile.optimizer)
     return chain_of_plan(traced, profile, table, {name: 0 for name in table.nodes})
@@ -76,12 +74,10 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int],
     stage_of = {name: k for k, stage in enumerate(stages) for name in stage}
     graph_nodes = {n.name: n for n in traced.graph.nodes}
     mesh = table.mesh
-    shards: dict[str, int] = {}
+    shard_count = ShardCounts(mesh)
 
     def local_bytes(info, spec: str) -> int:
-        if spec not in shards:
-            shards[spec] = ShardingSpec.parse(spec).shard_count(mesh)
-        return int(info.nbytes // shards[spec])
+        return int(info.nbytes // shard_count(spec))
 
     # Conversions into each consumer, forward and backward seconds, local bytes.
     into: dict[str, list[tuple[float, float, int]]] = {}
@@ -185,13 +181,14 @@ def persistent_bytes(table, choice: dict[str, int], repeats: dict[str, int] | No
     ``chain_of_plan``)."""
     total = 0.0
     repeats = repeats or {}
+    shard_count = ShardCounts(table.mesh)
     for node in table.nodes.values():
         if node.op != "placeholder" or not node.outputs:
             continue
         c = choice[node.name]
         if node.kind == "input":
             spec = node.out_specs[c][0]
-            total += node.outputs[0].nbytes / ShardingSpec.parse(spec).shard_count(table.mesh)
+            total += node.outputs[0].nbytes / shard_count(spec)
         else:
             total += float(node.persistent_bytes[c]) * repeats.get(node.name, 1)
     return int(total)
@@ -215,8 +212,10 @@ def coarsen(chain: Chain, max_stages: int = MAX_STAGES) -> Chain:
     for k, w in enumerate(weights):
         acc += w
         remaining_groups = max_stages - len(groups) - 1
-        if (acc >= total * (len(groups) + 1) / max_stages and remaining_groups > 0) \
-                or len(chain) - k - 1 < remaining_groups + 1 and k >= start:
+        # Cut at each even share of the time, or where every later stage must
+        # be a group of its own to reach max_stages.
+        if remaining_groups > 0 and (acc >= total * (len(groups) + 1) / max_stages
+                                     or len(chain) - k - 1 <= remaining_groups):
             groups.append((start, k))
             start = k + 1
     if start < len(chain):

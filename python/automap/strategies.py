@@ -88,7 +88,7 @@ def _tensor_infos(val) -> list[TensorInfo]:
     ]
 
 
-class _ShardCounts:
+class ShardCounts:
     """Shard count of a spec string on the mesh, memoised."""
 
     def __init__(self, mesh) -> None:
@@ -114,7 +114,7 @@ def build_strategy_table(
     """Strategies of every node of ``traced`` (a ``TracedGraph``) on ``mesh``,
     priced with ``profile`` (a ``Profile`` of the same graph)."""
     opt_factor = OPTIMIZER_STATE_FACTOR[optimizer.lower()]
-    shard_count = _ShardCounts(mesh)
+    shard_count = ShardCounts(mesh)
     infos: dict[str, list[TensorInfo]] = {}
     needs_grad: dict[str, bool] = {}
     nodes: dict[str, NodeOptions] = {}

@@ -15,6 +15,7 @@ the region's own GraphModule."""
 
 from __future__ import annotations
 
+import itertools
 import operator
 
 import torch
@@ -38,7 +39,7 @@ def wrap_checkpoint_blocks(graph: fx.Graph, attrs: dict, stages: list[list[str]]
     for node in graph.nodes:
         node.meta[_STAGE] = stage_of.get(node.meta.get(ORIGIN)) if node.op == "call_function" \
             else None
-    counter = iter(range(1 << 30))
+    counter = itertools.count()
     for block in blocks:
         _wrap(graph, attrs, block, counter)
     # Nested regions belong to their parent region's module, not to this one.
@@ -89,14 +90,14 @@ def _wrap(graph: fx.Graph, attrs: dict, block: dict, counter) -> None:
         return
     inside = set(region)
     inputs: list[fx.Node] = []
-    copied: dict[str, object] = {}
+    copied: list[fx.Node] = []  # reads of process groups and nested regions
     for node in region:
         for arg in node.all_input_nodes:
-            if arg in inside or arg in inputs:
+            if arg in inside or arg in inputs or arg in copied:
                 continue
-            if arg.op == "get_attr" and not isinstance(attrs.get(arg.target), torch.Tensor) \
-                    and arg.target in attrs:
-                copied[arg.target] = attrs[arg.target]
+            if arg.op == "get_attr" and arg.target in attrs \
+                    and not isinstance(attrs[arg.target], torch.Tensor):
+                copied.append(arg)
             else:
                 inputs.append(arg)
     outputs = [n for n in region if any(u not in inside for u in n.users)]
@@ -112,10 +113,8 @@ def _wrap(graph: fx.Graph, attrs: dict, block: dict, counter) -> None:
     for arg in inputs:
         env[arg] = sub.placeholder(arg.name)
         env[arg].meta = dict(arg.meta)
-    for name in copied:
-        env_key = next(a for n in region for a in n.all_input_nodes
-                       if a.op == "get_attr" and a.target == name)
-        env[env_key] = sub.get_attr(name)
+    for arg in copied:
+        env[arg] = sub.get_attr(arg.target)
     for arg in written:
         env[arg] = sub.call_function(torch.ops.aten.clone.default, (env[arg],),
                                      name=f"{arg.name}_local")
@@ -124,10 +123,11 @@ def _wrap(graph: fx.Graph, attrs: dict, block: dict, counter) -> None:
     sub.output(tuple(env[n] for n in [*outputs, *written]))
     index = next(counter)
     name = f"checkpoint_{index}_stages_{lo}_{hi}"
-    attrs[name] = fx.GraphModule(copied, sub, class_name=f"CheckpointBlock{index}")
+    attrs[name] = fx.GraphModule({a.target: attrs[a.target] for a in copied}, sub,
+                                 class_name=f"CheckpointBlock{index}")
 
     # The call goes where the region began; its outputs replace the region's.
-    _check_placement(region, inputs, outputs, inside)
+    _check_contiguous(region, inside)
     with graph.inserting_before(region[0]):
         fn = graph.get_attr(name)
         args = [graph.call_function(torch.ops.aten.clone.default, (a,), name=f"{a.name}_copy")
@@ -154,7 +154,7 @@ def _wrap(graph: fx.Graph, attrs: dict, block: dict, counter) -> None:
         graph.erase_node(node)
 
 
-def _check_placement(region, inputs, outputs, inside) -> None:
+def _check_contiguous(region, inside) -> None:
     """The region must be contiguous: nothing between its nodes reads its outputs."""
     first, last = region[0], region[-1]
     node = first
