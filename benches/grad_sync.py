@@ -29,9 +29,9 @@ def _batch_only(ins, outs) -> bool:
 
 def _rank_main(rank: int, world: int) -> dict:
     from automap import DeviceMesh
-    from automap.demo import TinyGPT2, _batch
-    from automap.generate import generate
-    from automap.tracing import trace
+    from automap.cli.demo import TinyGPT2, _batch
+    from automap.generate.program import generate
+    from automap.trace.tracing import trace
     from forced_plans import forced_plan
 
     torch.manual_seed(0)

@@ -21,7 +21,7 @@ import warnings
 import torch
 
 from automap import DeviceMesh
-from automap.planner import plan
+from automap.planner.search import plan
 
 # 8 nodes of 8 GPUs: NVLink inside a node (inner axis), InfiniBand across.
 MESH = DeviceMesh((8, 8), axis_names=("node", "gpu"), alpha_s=[1e-5, 3e-6],

@@ -19,7 +19,7 @@ import warnings
 import torch
 
 from automap import DeviceMesh
-from automap.planner import plan
+from automap.planner.search import plan
 
 MESH = DeviceMesh((2, 4), alpha_s=[2e-5, 5e-6], bandwidth_bytes_per_s=[2.5e10, 2e11])
 

@@ -6,7 +6,7 @@ memory and FLOPs of a training step, and the cost of profiling large models on m
 
 Accuracy: for each model of ``tests/model_zoo.py`` (MLP, ResNet-style convnet with
 BatchNorm + inplace ReLU, MobileNet-style convnet, torch.nn.TransformerEncoder, and
-GPT-2, BERT, Llama, ViT from small transformers configs), ``automap.profiling.profile``
+GPT-2, BERT, Llama, ViT from small transformers configs), ``automap.trace.profiling.profile``
 estimates one AdamW training step without allocating; then the same step runs for real
 (after a first step that creates the optimizer state) and its peak of live tensor bytes
 is recorded from real allocations: on CPU the allocator's allocation/free events in the
@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import model_zoo  # noqa: E402
-from automap.profiling import format_bytes, profile  # noqa: E402
+from automap.trace.profiling import format_bytes, profile  # noqa: E402
 
 MAX_PEAK_ERROR = 0.05
 SCALE_TIME_S, SCALE_RSS_BYTES = 30.0, 2**30

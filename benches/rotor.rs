@@ -7,7 +7,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use automap::rotor::{
+use automap::checkpoint::rotor::{
     example_chain as bench_chain, min_budget_bytes, simulate, solve, solve_with_threads, Chain, Op,
 };
 use criterion::{criterion_group, criterion_main, Criterion};

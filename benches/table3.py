@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from automap import Cluster, DeviceMesh, ShardingSpec
-from automap.planner import plan
+from automap.planner.search import plan
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from gpt2_block import Block  # noqa: E402  (the example's GPT-2 block, separate q/k/v)

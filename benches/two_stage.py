@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from automap import DeviceMesh, InfeasibleBudgetError
-from automap.planner import plan_traced
-from automap.profiling import profile_traced
-from automap.tracing import default_loss, trace
+from automap.planner.search import plan_traced
+from automap.trace.profiling import profile_traced
+from automap.trace.tracing import default_loss, trace
 
 HIDDEN, LAYERS, SEQ, BATCH, VOCAB = 2048, 8, 256, 16, 8192
 FLOPS_PER_S = 100e12

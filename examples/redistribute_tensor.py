@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import automap
-from automap.redistribute import redistribute
+from automap.sharding.redistribute import redistribute
 
 
 def main() -> None:

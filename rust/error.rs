@@ -1,5 +1,5 @@
 //! Typed errors of the native core. Each variant maps to one Python exception
-//! class of `automap.errors` (see `python.rs`); the message is what the user reads.
+//! class of `automap.errors` (see `python/mod.rs`); the message is what the user reads.
 
 use std::fmt;
 

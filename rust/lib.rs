@@ -1,27 +1,28 @@
-//! automap's native core: device meshes and their collective costs, sharding
-//! specs, and the layout manager (conversion search with a shared cache).
-//! Pure Rust; the Python bindings live in `python.rs` behind the `python` feature.
+//! automap's native core, one module per pipeline stage it serves (the Python
+//! package `automap` has a subpackage of the same name for each):
+//!
+//! - `sharding`: device meshes and their collective costs, sharding specs, the
+//!   layout manager (conversion search with a shared cache);
+//! - `solve`: sharding strategies generated from op signatures, block detection;
+//! - `checkpoint`: linearization and the rotor checkpointing DP.
+//!
+//! Pure Rust; the Python bindings live in `python/` behind the `python` feature.
 
-pub mod blocks;
-pub mod enumerate;
+pub mod checkpoint;
 pub mod error;
-pub mod layout;
-pub mod linearize;
-pub mod mesh;
-pub mod rotor;
-pub mod spec;
-pub mod strategy;
+pub mod sharding;
+pub mod solve;
 
 #[cfg(feature = "python")]
 mod python;
-#[cfg(feature = "python")]
-mod python_rotor;
 
-pub use enumerate::enumerate_specs;
 pub use error::{AutomapError, Result};
-pub use layout::cache::{cache_stats, clear_layout_cache, CostMatrix};
-pub use layout::heuristic::heuristic_path;
-pub use layout::search::optimal_path;
-pub use layout::{layout_context, LayoutContext, LayoutPath, LayoutProblem, LayoutStep, StepKind};
-pub use mesh::{Collective, DeviceMesh};
-pub use spec::ShardingSpec;
+pub use sharding::enumerate::enumerate_specs;
+pub use sharding::layout::cache::{cache_stats, clear_layout_cache, CostMatrix};
+pub use sharding::layout::heuristic::heuristic_path;
+pub use sharding::layout::search::optimal_path;
+pub use sharding::layout::{
+    layout_context, LayoutContext, LayoutPath, LayoutProblem, LayoutStep, StepKind,
+};
+pub use sharding::mesh::{Collective, DeviceMesh};
+pub use sharding::spec::ShardingSpec;

@@ -2,10 +2,13 @@ import os
 import sys
 
 here = os.path.dirname(__file__)
-# Spawned gloo workers import helpers from this folder by module name; some
-# tests check what the benches print (benches/ holds their model builders),
-# and the GPT-2 block of examples/ is the one the tests plan.
-sys.path.insert(0, here)
+# Helpers shared by the stage folders (models, forced plans, the serial side of
+# parity tests) are imported by module name, also by spawned gloo workers
+# (spawn passes sys.path on); pytest puts each test's own folder, where its
+# workers live, on the path. Some tests check what the benches print (benches/
+# holds their model builders), and the GPT-2 block of examples/ is the one the
+# tests plan.
+sys.path.insert(0, os.path.join(here, "support"))
 sys.path.insert(1, os.path.join(here, "..", "benches"))
 sys.path.insert(2, os.path.join(here, "..", "examples"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")

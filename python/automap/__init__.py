@@ -2,8 +2,8 @@
 PyTorch training. See the README for the one-line API."""
 
 from automap.api import apply, autoparallelize
-from automap.cluster import Cluster, Device
-from automap.detect import detect_cluster
+from automap.cluster.cluster import Cluster, Device
+from automap.cluster.detect import detect_cluster
 from automap.errors import (
     AutomapError,
     InfeasibleBudgetError,
@@ -16,8 +16,10 @@ from automap.errors import (
     TraceError,
     UnsupportedOpError,
 )
-from automap.generate import ParallelModule
-from automap.layout import (
+from automap.generate.module import ParallelModule
+from automap.planner.plan import Plan
+from automap.planner.search import plan
+from automap.sharding.layout import (
     LayoutPath,
     LayoutStep,
     clear_layout_cache,
@@ -25,14 +27,11 @@ from automap.layout import (
     layout_path,
     resharding_cost_matrix,
 )
-from automap.mesh import DeviceMesh
-from automap.plan import Plan
-from automap.planner import plan
-from automap.profiling import Profile, profile
-from automap.spec import ShardingSpec, enumerate_specs
-from automap.tracing import TracedGraph, trace
-
-__version__ = "0.1.0"
+from automap.sharding.mesh import DeviceMesh
+from automap.sharding.spec import ShardingSpec, enumerate_specs
+from automap.trace.profiling import Profile, profile
+from automap.trace.tracing import TracedGraph, trace
+from automap.version import __version__ as __version__
 
 __all__ = [
     "AutomapError",

@@ -11,9 +11,9 @@ import torch.distributed as dist
 from torch import nn
 
 from automap.errors import InvalidMeshError
-from automap.example_inputs import describe_inputs, stand_in_inputs
-from automap.mesh import DeviceMesh
-from automap.plan import Plan
+from automap.planner.plan import Plan
+from automap.sharding.mesh import DeviceMesh
+from automap.trace.example_inputs import describe_inputs, stand_in_inputs
 
 
 def autoparallelize(
@@ -36,14 +36,14 @@ def autoparallelize(
     CPU), or check and use ``plan``, and return this rank's ``ParallelModule``.
 
     The module is called like ``model`` on ``example_inputs``-shaped inputs and
-    returns the loss (``loss_fn(model(...))``, default ``automap.tracing.
+    returns the loss (``loss_fn(model(...))``, default ``automap.trace.tracing.
     default_loss``), replicated. Rank ``mesh.ranks[0]`` solves the plan and sends
     it to the others. ``plan_options`` go to ``automap.plan`` (e.g. ``flops_per_s``,
     ``checkpointing``: within a budget the plan may checkpoint activations, which the
     module then recomputes in nested ``torch.utils.checkpoint`` regions).
     """
-    from automap.planner import candidate_meshes, plan_best
-    from automap.profiling import profile_traced
+    from automap.planner.search import candidate_meshes, plan_best
+    from automap.trace.profiling import profile_traced
 
     if plan is not None:
         mesh = plan.mesh
@@ -93,13 +93,13 @@ def _model_device(model: nn.Module) -> torch.device:
 
 
 def _trace(model, example_inputs, loss_fn):
-    from automap.tracing import default_loss, trace
+    from automap.trace.tracing import default_loss, trace
 
     return trace(model, example_inputs, loss_fn=loss_fn or default_loss)
 
 
 def _generate(traced, plan: Plan, model, mesh: DeviceMesh, device, local_inputs, seed):
-    from automap.generate import generate
+    from automap.generate.program import generate
 
     plan.check_matches(traced, mesh)
     return generate(traced, plan, model, mesh.process_groups(), device=device,

@@ -13,15 +13,15 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from automap.collectives import identity_all_reduce_grad, split_dim
 from automap.errors import AutomapError
 from automap.generate import localize
 from automap.generate.checkpoint import ORIGIN
 from automap.generate.comm import Emitter
 from automap.generate.ops import take_shard
 from automap.generate.state import StateShard, local_bounds
-from automap.signatures import op_family, signature
-from automap.spec import ShardingSpec
+from automap.sharding.collectives import identity_all_reduce_grad, split_dim
+from automap.sharding.spec import ShardingSpec
+from automap.solve.signatures import op_family, signature
 
 _BIAS_OPS = {"linear": 2, "addmm": 0, "baddbmm": 0, "conv1d": 2, "conv2d": 2, "conv3d": 2}
 _WITHOUT_BIAS = {"addmm": torch.ops.aten.mm.default, "baddbmm": torch.ops.aten.bmm.default}
@@ -263,7 +263,7 @@ def _bias_of(node: fx.Node, family: str) -> fx.Node | None:
 
 
 def _strip(target: str) -> str:
-    from automap.tracing import _strip_inner
+    from automap.trace.tracing import _strip_inner
 
     return _strip_inner(target)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch import fx
 
-from automap.collectives import (
+from automap.sharding.collectives import (
     all_gather_dim,
     all_reduce_sum,
     all_to_all_dims,
@@ -15,7 +15,7 @@ from automap.collectives import (
     reduce_scatter_dim,
     split_dim,
 )
-from automap.layout import layout_path
+from automap.sharding.layout import layout_path
 
 
 class Emitter:

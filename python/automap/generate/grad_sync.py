@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from automap.process_groups import AxisGroup
+from automap.sharding.process_groups import AxisGroup
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 

@@ -18,7 +18,7 @@ import torch
 from torch import fx
 
 from automap.generate.ops import loss_denominator, vocab_parallel_embedding
-from automap.spec import ShardingSpec
+from automap.sharding.spec import ShardingSpec
 
 _SIZE_ARG_OPS = {"view", "reshape", "_unsafe_view", "expand"}
 _MEAN_REDUCTION, _SUM_REDUCTION = 1, 2

@@ -7,8 +7,8 @@ import torch
 from torch import fx, nn
 
 from automap.generate.state import StateShard
-from automap.layout import layout_path
-from automap.redistribute import redistribute
+from automap.sharding.layout import layout_path
+from automap.sharding.redistribute import redistribute
 
 
 class ParallelModule(fx.GraphModule):

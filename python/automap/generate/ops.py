@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from automap.process_groups import AxisGroup
+from automap.sharding.process_groups import AxisGroup
 
 
 def take_shard(x: torch.Tensor, bounds: tuple[tuple[int, int], ...]) -> torch.Tensor:

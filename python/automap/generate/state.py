@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from automap.errors import AutomapError
-from automap.spec import ShardingSpec
+from automap.sharding.spec import ShardingSpec
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,282 @@
+"""Activation checkpointing (MAP section 5.2): the linearized stages of a traced
+graph become a rotor chain (the paper's Tables 1 and 2) priced under a
+sharding plan, and the rotor DP (rust/rotor) picks the fastest schedule of
+nested checkpoint regions within a memory budget.
+
+Per stage and per device, under the strategies the plan chose:
+
+- ``u_f``, ``u_b``: the nodes' local compute, split between forward and
+  backward by their profiled FLOPs;
+- ``u_fcomm``, ``u_bcomm``: the nodes' own collectives (partial-sum
+  reductions forward, gradient reductions backward) and the layout
+  conversions into them, forward and backward; a recomputed forward runs its
+  collectives again and pays them again;
+- ``ω_a``: the local bytes of the stage's tensors that later stages read;
+  ``ω_ā``: those plus everything its nodes save for the backward (profiled,
+  scaled by the share of each node's tensors one device holds);
+- ``o_f``, ``o_b``: the largest forward and backward temporaries; ``o_fcomm``,
+  ``o_bcomm``: the largest tensor a stage's collectives produce.
+
+On one device (mesh ``(1,)``) every communication term is zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from automap import _core
+from automap.checkpoint.linearize import linearize
+from automap.errors import StalePlanError
+from automap.sharding.layout import layout_path
+from automap.sharding.mesh import DeviceMesh
+from automap.solve.strategies import ShardCounts, build_strategy_table
+
+
+@dataclass
+class Chain:
+    """The rotor chain of a plan: index-aligned per-stage lists."""
+
+    stages: list[list[str]]
+    fwd_compute_s: list[float] = field(default_factory=list)
+    bwd_compute_s: list[float] = field(default_factory=list)
+    fwd_comm_s: list[float] = field(default_factory=list)
+    bwd_comm_s: list[float] = field(default_factory=list)
+    out_bytes: list[int] = field(default_factory=list)
+    saved_bytes: list[int] = field(default_factory=list)
+    fwd_tmp_bytes: list[int] = field(default_factory=list)
+    bwd_tmp_bytes: list[int] = field(default_factory=list)
+    fwd_comm_tmp_bytes: list[int] = field(default_factory=list)
+    bwd_comm_tmp_bytes: list[int] = field(default_factory=list)
+    #: Per device bytes that live through the whole step outside the chain:
+    #: parameter, gradient and optimizer-state shards, buffers and inputs.
+    persistent_bytes: int = 0
+
+    def __len__(self) -> int:
+        return len(self.stages)
+
+
+def build_chain(traced, profile, flops_per_s: float) -> Chain:
+    """The chain of ``traced`` on one device (no sharding, no communication)."""
+    table = build_strategy_table(traced, profile, DeviceMesh((1,)), flops_per_s=flops_per_s,
+                                 optimizer=profile.optimizer)
+    return chain_of_plan(traced, profile, table, {name: 0 for name in table.nodes})
+
+
+def chain_of_plan(traced, profile, table, choice: dict[str, int],
+                  repeats: dict[str, int] | None = None) -> Chain:
+    """The chain of ``traced`` under the strategies ``choice`` picks from
+    ``table`` (a ``StrategyTable`` priced with ``profile``), per device.
+
+    ``repeats``: for depth-reduced planning (``automap.solve.depth``), how many real
+    blocks each traced node's block stands for; each run of stages of such a
+    block is repeated that many times, so the chain has the real depth."""
+    stages = linearize(traced)
+    stage_of = {name: k for k, stage in enumerate(stages) for name in stage}
+    graph_nodes = {n.name: n for n in traced.graph.nodes}
+    mesh = table.mesh
+    shard_count = ShardCounts(mesh)
+
+    def local_bytes(info, spec: str) -> int:
+        return int(info.nbytes // shard_count(spec))
+
+    # Conversions into each consumer, forward and backward seconds, local bytes.
+    into: dict[str, list[tuple[float, float, int]]] = {}
+    for producer, o, consumer, k in table.edges():
+        src = table.nodes[producer].out_specs[choice[producer]][o]
+        dst = table.nodes[consumer].in_specs[choice[consumer]][k]
+        if src == dst:
+            continue
+        info = table.nodes[producer].outputs[o]
+        path = layout_path(mesh, src, dst, info.shape, info.dtype_bytes)
+        into.setdefault(consumer, []).append(
+            (path.forward_cost_s, path.backward_cost_s, local_bytes(info, dst)))
+
+    chain = Chain(stages)
+    for k, stage in enumerate(stages):
+        fc = bc = fm = bm = 0.0
+        out = saved = ftmp = btmp = fcomm_tmp = bcomm_tmp = 0
+        for name in stage:
+            node = table.nodes.get(name)
+            prof = profile.by_name.get(name)
+            if node is None:
+                continue
+            c = choice[name]
+            flops = (prof.fwd_flops + prof.bwd_flops) if prof is not None else 0
+            fwd_share = prof.fwd_flops / flops if flops else 0.5
+            fc += float(node.compute_s[c]) * fwd_share
+            bc += float(node.compute_s[c]) * (1 - fwd_share)
+            fm += float(node.forward_comm_s[c])
+            bm += float(node.backward_comm_s[c])
+            specs = node.out_specs[c]
+            outs = [local_bytes(info, spec) for info, spec in zip(node.outputs, specs)]
+            if float(node.forward_comm_s[c]) > 0 or float(node.backward_comm_s[c]) > 0:
+                fcomm_tmp = max(fcomm_tmp, max(outs, default=0))
+                bcomm_tmp = bcomm_tmp if not outs else max(bcomm_tmp, max(outs))
+            for f, b, nbytes in into.get(name, []):
+                fm, bm = fm + f, bm + b
+                fcomm_tmp, bcomm_tmp = max(fcomm_tmp, nbytes), max(bcomm_tmp, nbytes)
+            # Tensors read by a later stage cross the boundary.
+            if any(stage_of.get(u.name, -1) > k for u in graph_nodes[name].users):
+                out += sum(b for b, info in zip(outs, node.outputs) if info.is_float)
+            if prof is not None:
+                ratio = float(node.memory_ratio[c]) if node.memory_ratio is not None else 1.0
+                saved += int((prof.fwd_in_bytes + prof.fwd_tmp_bytes) * ratio)
+                ftmp = max(ftmp, int((prof.fwd_buffer_bytes + prof.fwd_out_bytes) * ratio))
+                btmp = max(btmp, int((prof.bwd_tmp_bytes + prof.bwd_out_bytes) * ratio))
+        chain.fwd_compute_s.append(fc)
+        chain.bwd_compute_s.append(bc)
+        chain.fwd_comm_s.append(fm)
+        chain.bwd_comm_s.append(bm)
+        chain.out_bytes.append(out)
+        chain.saved_bytes.append(out + saved)
+        chain.fwd_tmp_bytes.append(ftmp)
+        chain.bwd_tmp_bytes.append(btmp)
+        chain.fwd_comm_tmp_bytes.append(fcomm_tmp)
+        chain.bwd_comm_tmp_bytes.append(bcomm_tmp)
+    chain.persistent_bytes = persistent_bytes(table, choice, repeats)
+    return _repeat_stages(chain, repeats) if repeats else chain
+
+
+def _repeat_stages(chain: Chain, repeats: dict[str, int]) -> Chain:
+    out = Chain([], persistent_bytes=chain.persistent_bytes)
+    columns = [f for f in vars(chain) if isinstance(getattr(chain, f), list) and f != "stages"]
+    times = [max((repeats.get(n, 1) for n in stage), default=1) for stage in chain.stages]
+    k = 0
+    while k < len(chain):
+        end = k
+        while end + 1 < len(chain) and times[end + 1] == times[k]:
+            end += 1
+        for _ in range(times[k]):  # the run of one block's stages, as a unit
+            for i in range(k, end + 1):
+                out.stages.append(chain.stages[i])
+                for f in columns:
+                    getattr(out, f).append(getattr(chain, f)[i])
+        k = end + 1
+    return out
+
+
+def choice_of_plan(table, plan) -> dict[str, int]:
+    """The strategy index per node of ``table`` that ``plan`` chose (to
+    checkpoint or re-price a loaded plan)."""
+    choice = {}
+    for name, node in table.nodes.items():
+        chosen = plan.nodes.get(name)
+        if chosen is None:
+            choice[name] = 0
+            continue
+        wanted = (tuple(chosen.inputs), tuple(chosen.outputs))
+        matches = [i for i in range(len(node))
+                   if (tuple(node.in_specs[i]), tuple(node.out_specs[i])) == wanted]
+        if not matches:
+            raise StalePlanError(f"the plan's strategy for {name} ({wanted}) is not one of the "
+                                 "strategies of this graph on this mesh; re-plan")
+        choice[name] = min(matches, key=lambda i: float(node.time_s[i]))
+    return choice
+
+
+def persistent_bytes(table, choice: dict[str, int], repeats: dict[str, int] | None = None
+                     ) -> int:
+    """Per device bytes of parameter, gradient and optimizer-state shards,
+    buffers and (local) inputs under ``choice`` (``repeats``: see
+    ``chain_of_plan``)."""
+    total = 0.0
+    repeats = repeats or {}
+    shard_count = ShardCounts(table.mesh)
+    for node in table.nodes.values():
+        if node.op != "placeholder" or not node.outputs:
+            continue
+        c = choice[node.name]
+        if node.kind == "input":
+            spec = node.out_specs[c][0]
+            total += node.outputs[0].nbytes / shard_count(spec)
+        else:
+            total += float(node.persistent_bytes[c]) * repeats.get(node.name, 1)
+    return int(total)
+
+
+#: Longest chain the rotor DP solves (its time grows as L^3): longer chains
+#: are coarsened by merging neighbouring stages.
+MAX_STAGES = 200
+
+
+def coarsen(chain: Chain, max_stages: int = MAX_STAGES) -> Chain:
+    """``chain`` with runs of consecutive stages merged so that at most
+    ``max_stages`` remain (cut where the forward time is evenly split). A
+    merged stage keeps everything its parts save, hands on its last part's
+    output, and its temporaries are its parts' largest (with their output,
+    which is live inside the merged stage: a conservative bound)."""
+    if len(chain) <= max_stages:
+        return chain
+    weights = [f + b + 1e-12 for f, b in zip(chain.fwd_compute_s, chain.bwd_compute_s)]
+    total, groups, start, acc = sum(weights), [], 0, 0.0
+    for k, w in enumerate(weights):
+        acc += w
+        remaining_groups = max_stages - len(groups) - 1
+        # Cut at each even share of the time, or where every later stage must
+        # be a group of its own to reach max_stages.
+        if remaining_groups > 0 and (acc >= total * (len(groups) + 1) / max_stages
+                                     or len(chain) - k - 1 <= remaining_groups):
+            groups.append((start, k))
+            start = k + 1
+    if start < len(chain):
+        groups.append((start, len(chain) - 1))
+    out = Chain([], persistent_bytes=chain.persistent_bytes)
+    for lo, hi in groups:
+        parts = range(lo, hi + 1)
+        out.stages.append([n for k in parts for n in chain.stages[k]])
+        for f in ("fwd_compute_s", "bwd_compute_s", "fwd_comm_s", "bwd_comm_s", "saved_bytes"):
+            getattr(out, f).append(sum(getattr(chain, f)[k] for k in parts))
+        out.out_bytes.append(chain.out_bytes[hi])
+        for f in ("fwd_tmp_bytes", "bwd_tmp_bytes"):
+            getattr(out, f).append(max(getattr(chain, f)[k] + chain.out_bytes[k] for k in parts))
+        for f in ("fwd_comm_tmp_bytes", "bwd_comm_tmp_bytes"):
+            getattr(out, f).append(max(getattr(chain, f)[k] for k in parts))
+    return out
+
+
+@dataclass
+class Schedule:
+    """A rotor schedule: ``ops`` ((op, stage) in order), nested ``blocks``
+    (``start_stage``, ``end_stage``, ``children``), seconds and bytes."""
+
+    ops: list[tuple[str, int]]
+    blocks: list
+    predicted_time_s: float
+    no_recompute_time_s: float
+    peak_memory_bytes: int
+    budget_bytes: int
+    op_memory_bytes: list[int]
+    recomputed_forwards: int
+
+    @property
+    def recompute_time_s(self) -> float:
+        if not self.recomputed_forwards:
+            return 0.0
+        return max(0.0, self.predicted_time_s - self.no_recompute_time_s)
+
+
+def solve_checkpointing(chain: Chain, activation_budget_bytes: int, slots: int = 500
+                        ) -> Schedule:
+    """The rotor DP's fastest schedule of ``chain`` with at most
+    ``activation_budget_bytes`` of activations, temporaries and gradients of
+    activations live per device; raises ``InfeasibleBudgetError`` naming the
+    least activation budget that fits."""
+    # Every forward costs a little more: among equally fast schedules (stages
+    # of views cost nothing to recompute) one with fewer recomputations wins.
+    # The DP's table is f32 (relative error ~1e-5 of the chain's time). The
+    # extra is taken out of the times reported.
+    total_s = sum(chain.fwd_compute_s) + sum(chain.bwd_compute_s) + sum(chain.fwd_comm_s)
+    tie_s = 3e-5 * total_s or 1e-12
+    found = _core.solve_rotor(
+        [f + tie_s for f in chain.fwd_compute_s], chain.bwd_compute_s, chain.out_bytes,
+        chain.saved_bytes,
+        int(activation_budget_bytes), fwd_comm_s=chain.fwd_comm_s, bwd_comm_s=chain.bwd_comm_s,
+        fwd_tmp_bytes=chain.fwd_tmp_bytes, bwd_tmp_bytes=chain.bwd_tmp_bytes,
+        fwd_comm_tmp_bytes=chain.fwd_comm_tmp_bytes, bwd_comm_tmp_bytes=chain.bwd_comm_tmp_bytes,
+        slots=slots)
+    forwards = sum(1 for op, _ in found.ops if op != "backward")
+    return Schedule(list(found.ops), list(found.blocks),
+                    found.predicted_time_s - tie_s * forwards,
+                    found.no_recompute_time_s - tie_s * len(chain),
+                    found.peak_memory_bytes, found.budget_bytes, list(found.op_memory_bytes),
+                    forwards - len(chain))

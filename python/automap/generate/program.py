@@ -1,0 +1,60 @@
+"""``generate``: a Plan and its traced graph become this rank's ParallelModule
+(the passes of build, state, checkpoint and grad_sync, in order)."""
+
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from automap.generate.build import defer_parameter_gradient_sync, generate_graph
+from automap.generate.checkpoint import wrap_checkpoint_blocks
+from automap.generate.grad_sync import DEFAULT_BUCKET_BYTES, GradientSync
+from automap.generate.module import ParallelModule, register_state
+from automap.generate.state import cut, full_tensors
+
+
+def generate(traced, plan, model: nn.Module, groups, *, device=None, local_inputs: bool = False,
+             seed: int = 0, grad_bucket_bytes: int | None = DEFAULT_BUCKET_BYTES
+             ) -> ParallelModule:
+    """This rank's ``ParallelModule`` for ``plan`` (made for ``traced``, the trace of
+    ``model``) on the process ``groups`` of the plan's mesh.
+
+    ``local_inputs``: the module takes this rank's shard of each input (e.g. from a
+    DistributedSampler) instead of the global batch. ``seed``: initialises models
+    built on the meta device, identically on every rank. ``grad_bucket_bytes``: bucket
+    size of the data-parallel gradient all-reduce (None: one all-reduce per
+    parameter use, in the graph)."""
+    device = torch.device(device or "cpu")
+    rank = dist.get_rank()
+    out = generate_graph(traced, plan, groups, rank, device, local_inputs)
+    deferred = defer_parameter_gradient_sync(out) if grad_bucket_bytes is not None else []
+    if plan.checkpoint is not None:
+        wrap_checkpoint_blocks(out.graph, out.attrs, plan.checkpoint.stages,
+                               plan.checkpoint.blocks)
+    root = nn.Module()
+    fulls = full_tensors(model, traced, list(out.shards), seed)
+    for name, shard in out.shards.items():
+        state = traced.parameters.get(name) or traced.buffers.get(name) or traced.constants[name]
+        value = cut(fulls.pop(name), shard.spec, plan.mesh, rank).to(device)
+        register_state(root, name, value, shard.kind, state.requires_grad)
+    for attr, obj in out.attrs.items():
+        setattr(root, attr, obj)
+    out.graph._codegen = _pytree_codegen(traced)
+    module = ParallelModule(root, out.graph, class_name="ParallelModule")
+    module.plan, module.groups, module.shards = plan, groups, out.shards
+    module.train(model.training)
+    # Gradients come roughly in reverse order of first use.
+    synced = [(module.get_parameter(name), groups.axis_group(axes))
+              for name, axes in reversed(deferred)]
+    module.gradient_sync = GradientSync(synced, grad_bucket_bytes or DEFAULT_BUCKET_BYTES)
+    return module
+
+
+def _pytree_codegen(traced):
+    """Forward arguments as the model takes them (positional and keyword inputs)."""
+    from torch.export._unlift import _get_codegen
+
+    spec = traced.exported.call_spec
+    return _get_codegen(spec.in_spec, spec.out_spec)

@@ -1,0 +1,202 @@
+"""The logical device mesh: an N-D grid of global ranks with a per-axis
+alpha-beta link model. Geometry and costs live in the native core; this
+wrapper adds names, defaults and the torch.distributed process groups."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from automap import _core
+from automap.errors import InvalidMeshError
+
+#: Link model used when the cluster has not been measured: 10 us latency,
+#: 100 GB/s (NVLink-class). ``automap.detect_cluster`` replaces these.
+DEFAULT_ALPHA_S = 1e-5
+DEFAULT_BANDWIDTH_BYTES_PER_S = 1e11
+
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
+
+
+def _per_axis(value, ndim: int, default: float, what: str) -> list[float]:
+    if value is None:
+        return [default] * ndim
+    if isinstance(value, (int, float)):
+        return [float(value)] * ndim
+    values = [float(v) for v in value]
+    if len(values) != ndim:
+        raise InvalidMeshError(f"{what} has {len(values)} entries but the mesh has {ndim} axes")
+    return values
+
+
+class DeviceMesh:
+    """An N-D logical mesh over global ranks.
+
+    ``shape``: devices per axis, any sizes (not only powers of two).
+    ``ranks``: the global rank at each position, row-major (last axis fastest);
+    default ``range(prod(shape))``. ``axis_names``: optional names.
+    ``alpha_s`` and ``bandwidth_bytes_per_s``: latency and bandwidth of each
+    axis, a number for all axes or one per axis.
+    """
+
+    def __init__(
+        self,
+        shape: Sequence[int] | int,
+        *,
+        ranks: Sequence[int] | None = None,
+        axis_names: Sequence[str] | None = None,
+        alpha_s: Sequence[float] | float | None = None,
+        bandwidth_bytes_per_s: Sequence[float] | float | None = None,
+    ) -> None:
+        shape = [int(shape)] if isinstance(shape, int) else [int(s) for s in shape]
+        if any(s < 0 for s in shape):
+            raise InvalidMeshError(f"mesh axis sizes must be positive, got shape {tuple(shape)}")
+        ndim = len(shape)
+        alphas = _per_axis(alpha_s, ndim, DEFAULT_ALPHA_S, "alpha_s")
+        bandwidths = _per_axis(
+            bandwidth_bytes_per_s, ndim, DEFAULT_BANDWIDTH_BYTES_PER_S, "bandwidth_bytes_per_s"
+        )
+        if axis_names is None:
+            axis_names = [f"axis{i}" for i in range(ndim)]
+        axis_names = [str(n) for n in axis_names]
+        if len(axis_names) != ndim or len(set(axis_names)) != ndim:
+            raise InvalidMeshError(
+                f"axis_names {axis_names} must name each of the {ndim} axes once"
+            )
+        self._native = _core.Mesh(
+            shape, None if ranks is None else [int(r) for r in ranks], alphas, bandwidths
+        )
+        self.axis_names: tuple[str, ...] = tuple(axis_names)
+
+    # Geometry -------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._native.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self._native.shape)
+
+    @property
+    def size(self) -> int:
+        return len(self._native.ranks)
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(self._native.ranks)
+
+    @property
+    def alpha_s(self) -> tuple[float, ...]:
+        return tuple(self._native.alpha_s)
+
+    @property
+    def bandwidth_bytes_per_s(self) -> tuple[float, ...]:
+        return tuple(self._native.bandwidth_bytes_per_s)
+
+    def axis_index(self, axis: int | str) -> int:
+        """The index of an axis given by index or name."""
+        if isinstance(axis, str):
+            if axis not in self.axis_names:
+                raise InvalidMeshError(f"no mesh axis named {axis!r} (axes: {self.axis_names})")
+            return self.axis_names.index(axis)
+        if not 0 <= axis < self.ndim:
+            raise InvalidMeshError(f"mesh axis {axis} is out of range for a {self.ndim}-D mesh")
+        return int(axis)
+
+    def _axes(self, axes) -> list[int]:
+        if isinstance(axes, (int, str)):
+            axes = [axes]
+        return [self.axis_index(a) for a in axes]
+
+    def coordinate(self, rank: int) -> tuple[int, ...]:
+        """The mesh coordinate of a global rank."""
+        return tuple(self._native.coordinate(int(rank)))
+
+    def rank_at(self, coordinate: Sequence[int]) -> int:
+        """The global rank at a mesh coordinate."""
+        return self._native.rank_at([int(c) for c in coordinate])
+
+    def axis_groups(self, axes) -> list[list[int]]:
+        """The groups of ranks that communicate along ``axes`` (one axis or
+        several, first most significant). A rank's index in its group is its
+        shard index along those axes."""
+        return self._native.axis_groups(self._axes(axes))
+
+    # Costs ------------------------------------------------------------------
+    def collective_cost_s(self, kind: str, nbytes: float, axes=(0,)) -> float:
+        """Alpha-beta ring time of one collective over ``axes``. ``nbytes`` is
+        the per-device buffer: the output of an all-gather, the input of a
+        reduce-scatter, the buffer of an all-reduce, all-to-all or broadcast."""
+        return self._native.collective_cost_s(kind, float(nbytes), self._axes(axes))
+
+    def all_gather_cost_s(self, nbytes: float, axes=(0,)) -> float:
+        return self.collective_cost_s("all_gather", nbytes, axes)
+
+    def reduce_scatter_cost_s(self, nbytes: float, axes=(0,)) -> float:
+        return self.collective_cost_s("reduce_scatter", nbytes, axes)
+
+    def all_reduce_cost_s(self, nbytes: float, axes=(0,)) -> float:
+        return self.collective_cost_s("all_reduce", nbytes, axes)
+
+    def all_to_all_cost_s(self, nbytes: float, axes=(0,)) -> float:
+        return self.collective_cost_s("all_to_all", nbytes, axes)
+
+    def broadcast_cost_s(self, nbytes: float, axes=(0,)) -> float:
+        return self.collective_cost_s("broadcast", nbytes, axes)
+
+    # Runtime ----------------------------------------------------------------
+    def process_groups(self, backend_device: str | None = None):
+        """The torch.distributed groups of every axis and set of axes (see
+        ``automap.sharding.process_groups.MeshProcessGroups``). Collective: every rank
+        of the default group must call it, in the same order."""
+        from automap.sharding.process_groups import MeshProcessGroups
+
+        return MeshProcessGroups(self, device=backend_device)
+
+    def to_torch(self, device_type: str = "cpu"):
+        """This mesh as a ``torch.distributed.device_mesh.DeviceMesh`` (for
+        DTensor users). Needs an initialised default process group."""
+        import torch
+        from torch.distributed.device_mesh import DeviceMesh as TorchDeviceMesh
+        from torch.distributed.device_mesh import init_device_mesh
+
+        names = self.axis_names
+        if self.ranks == tuple(range(self.size)):
+            return init_device_mesh(device_type, self.shape, mesh_dim_names=names)
+        mesh = torch.tensor(self.ranks, dtype=torch.int64).reshape(self.shape)
+        return TorchDeviceMesh(device_type, mesh, mesh_dim_names=names)
+
+    # Identity ---------------------------------------------------------------
+    def _key(self):
+        return (self.shape, self.ranks, self.alpha_s, self.bandwidth_bytes_per_s, self.axis_names)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, DeviceMesh) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        extra = "" if self.ranks == tuple(range(self.size)) else f", ranks={list(self.ranks)}"
+        return (
+            f"DeviceMesh({self.shape}{extra}, axis_names={self.axis_names}, "
+            f"alpha_s={self.alpha_s}, bandwidth_bytes_per_s={self.bandwidth_bytes_per_s})"
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "shape": list(self.shape),
+            "ranks": list(self.ranks),
+            "axis_names": list(self.axis_names),
+            "alpha_s": list(self.alpha_s),
+            "bandwidth_bytes_per_s": list(self.bandwidth_bytes_per_s),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DeviceMesh:
+        return cls(
+            data["shape"],
+            ranks=data.get("ranks"),
+            axis_names=data.get("axis_names"),
+            alpha_s=data.get("alpha_s"),
+            bandwidth_bytes_per_s=data.get("bandwidth_bytes_per_s"),
+        )

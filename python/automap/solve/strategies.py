@@ -1,0 +1,289 @@
+"""The strategy table of a traced graph: for every node, its valid sharding
+strategies on a mesh with their costs in seconds and memory in bytes, and
+for every edge the distinct specs on each side. Enumeration and pricing run
+in the native core; this module only gathers the per-node facts."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from automap import _core
+from automap.errors import AutomapError, UnsupportedOpError
+from automap.sharding.spec import ShardingSpec, enumerate_specs
+from automap.solve.signatures import Signature, TensorRef, op_family, signature
+
+#: Optimizer state per parameter byte (fp32 state for fp32 parameters).
+OPTIMIZER_STATE_FACTOR = {"sgd": 0, "sgd_momentum": 1, "momentum": 1, "adam": 2, "adamw": 2}
+
+
+@dataclass
+class TensorInfo:
+    shape: tuple[int, ...]
+    dtype_bytes: int
+    is_float: bool
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype_bytes
+
+
+@dataclass
+class NodeOptions:
+    """The strategies of one node, index-aligned arrays."""
+
+    name: str
+    op: str
+    kind: str  # "parameter", "buffer", "input", "einsum", "view", "source", "replicate", "output"
+    inputs: list[TensorRef]
+    outputs: list[TensorInfo]
+    in_specs: list[tuple[str, ...]]
+    out_specs: list[tuple[str, ...]]
+    compute_s: np.ndarray
+    forward_comm_s: np.ndarray
+    backward_comm_s: np.ndarray
+    persistent_bytes: np.ndarray  # parameters, their gradients and optimizer state; buffers
+    saved_bytes: np.ndarray  # activations kept for the backward
+    transient_bytes: np.ndarray  # temporaries while the node runs, forward or backward
+    module_path: str = ""
+    tied_to: str | None = None  # a tied parameter placeholder follows this one
+    # Per strategy: (partial axes, scatter dim or None, gradient-reduction axes
+    # per input), the collectives the node itself runs; None: no collective.
+    reductions: list | None = None
+    # Per strategy: the share of the node's tensor bytes one device holds, which
+    # scales its profiled activation and temporary bytes; None: all ones.
+    memory_ratio: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.in_specs)
+
+    @property
+    def time_s(self) -> np.ndarray:
+        return self.compute_s + self.forward_comm_s + self.backward_comm_s
+
+
+@dataclass
+class StrategyTable:
+    mesh: object
+    nodes: dict[str, NodeOptions]
+    unsupported_ops: dict[str, list[str]] = field(default_factory=dict)  # op -> node names
+
+    def edges(self):
+        """(producer, output index, consumer, input index) of every tensor edge."""
+        for node in self.nodes.values():
+            for k, (producer, o) in enumerate(node.inputs):
+                yield producer, o, node.name, k
+
+
+def _tensor_infos(val) -> list[TensorInfo]:
+    leaves = val if isinstance(val, (list, tuple)) else [val]
+    return [
+        TensorInfo(tuple(int(s) for s in t.shape), t.dtype.itemsize, t.is_floating_point())
+        for t in leaves
+        if isinstance(t, torch.Tensor)
+    ]
+
+
+class ShardCounts:
+    """Shard count of a spec string on the mesh, memoised."""
+
+    def __init__(self, mesh) -> None:
+        self.mesh = mesh
+        self.cache: dict[str, int] = {}
+
+    def __call__(self, spec: str) -> int:
+        n = self.cache.get(spec)
+        if n is None:
+            n = self.cache[spec] = ShardingSpec.parse(spec).shard_count(self.mesh)
+        return n
+
+
+def build_strategy_table(
+    traced,
+    profile,
+    mesh,
+    *,
+    flops_per_s: float,
+    optimizer: str = "adamw",
+    strict: bool = False,
+) -> StrategyTable:
+    """Strategies of every node of ``traced`` (a ``TracedGraph``) on ``mesh``,
+    priced with ``profile`` (a ``Profile`` of the same graph)."""
+    opt_factor = OPTIMIZER_STATE_FACTOR[optimizer.lower()]
+    shard_count = ShardCounts(mesh)
+    infos: dict[str, list[TensorInfo]] = {}
+    needs_grad: dict[str, bool] = {}
+    nodes: dict[str, NodeOptions] = {}
+    unsupported: dict[str, list[str]] = {}
+    graph = traced.graph
+
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            outs = _tensor_infos(node.meta.get("val"))
+            infos[node.name] = outs
+            state = traced.state_of(node.name)
+            nodes[node.name] = _source_options(node.name, outs, mesh, shard_count, state,
+                                               opt_factor)
+            needs_grad[node.name] = bool(state is not None and state.requires_grad)
+        elif node.op == "call_function":
+            outs = _tensor_infos(node.meta.get("val"))
+            infos[node.name] = outs
+            if not outs:
+                continue
+            sig = signature(node)
+            if sig is None:
+                unsupported.setdefault(op_family(node), []).append(node.name)
+                sig = Signature("replicate", [(a.name, 0) for a in _tensor_args(node)])
+            ins = [infos[p][o] for p, o in sig.inputs]
+            grads = [needs_grad.get(p, False) and info.is_float
+                     for (p, _), info in zip(sig.inputs, ins)]
+            needs_grad[node.name] = any(grads) and any(o.is_float for o in outs)
+            prof = profile.by_name.get(node.name) if profile is not None else None
+            nodes[node.name] = _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count,
+                                           flops_per_s)
+        elif node.op == "output":
+            refs = []
+            for a in _flatten(node.args[0]):
+                if hasattr(a, "name") and a.name in infos and infos[a.name]:
+                    refs.append((a.name, 0))
+            ins = [infos[p][o] for p, o in refs]
+            replicated = tuple("R" * len(i.shape) for i in ins)
+            nodes[node.name] = _fixed_options(node.name, "output", "output", refs, [],
+                                              [replicated], [()])
+
+    if unsupported:
+        listing = ", ".join(f"{op} ({len(names)}x)" for op, names in sorted(unsupported.items()))
+        message = f"no sharding generator for: {listing}; these nodes run replicated"
+        if strict:
+            raise UnsupportedOpError(message, sorted(unsupported))
+        warnings.warn(message, stacklevel=2)
+    for name, node in nodes.items():
+        state = traced.state_of(name)
+        if state is not None and state.tied and state.canonical != state.name:
+            canonical = traced.parameters.get(state.canonical) or traced.buffers.get(
+                state.canonical)
+            if canonical is not None:
+                node.tied_to = canonical.node
+                node.persistent_bytes = np.zeros(len(node))
+    return StrategyTable(mesh, nodes, unsupported)
+
+
+def _flatten(x):
+    if isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _flatten(y)
+    else:
+        yield x
+
+
+def _tensor_args(node):
+    return [a for a in _flatten(list(node.args) + list(node.kwargs.values()))
+            if hasattr(a, "meta") and isinstance(a.meta.get("val"), torch.Tensor)]
+
+
+def _fixed_options(name, op, kind, inputs, outputs, in_specs, out_specs) -> NodeOptions:
+    z = np.zeros(len(in_specs))
+    return NodeOptions(name, op, kind, inputs, outputs, in_specs, out_specs, z, z.copy(),
+                       z.copy(), z.copy(), z.copy(), z.copy())
+
+
+def _source_options(name, outs, mesh, shard_count, state, opt_factor) -> NodeOptions:
+    kind = "input" if state is None else state.kind
+    if not outs:
+        return _fixed_options(name, "placeholder", kind, [], [], [()], [()])
+    info = outs[0]
+    specs = [str(s) for s in enumerate_specs(info.shape, mesh)]
+    node = _fixed_options(name, "placeholder", kind, [], outs, [() for _ in specs],
+                          [(s,) for s in specs])
+    local = np.array([info.nbytes / shard_count(s) for s in specs])
+    if kind == "parameter":
+        copies = 1 + (1 + opt_factor if state.requires_grad else 0)
+        node.persistent_bytes = local * copies
+    elif kind in ("buffer", "constant"):
+        node.persistent_bytes = local
+    if state is not None:
+        node.module_path = state.module_path
+    return node
+
+
+def _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count, flops_per_s):
+    flops = float(prof.fwd_flops + prof.bwd_flops) if prof is not None else 0.0
+    name, op = node.name, op_family(node)
+    reductions = None  # only einsum strategies run collectives of their own
+    if sig.kind == "einsum":
+        in_specs, out_specs, costs, reductions = _core.einsum_strategies(
+            mesh, flops_per_s, sig.letter_sizes, sig.unshardable, sig.input_letters,
+            sig.output_letters, [float(i.nbytes) for i in ins], [float(o.nbytes) for o in outs],
+            grads, sig.additive_flags(), flops)
+        costs = np.frombuffer(costs, dtype=np.float64).reshape(-1, 3)
+        in_specs = [tuple(s) for s in in_specs]
+        out_specs = [tuple(s) for s in out_specs]
+    elif sig.kind == "view":
+        pairs = _core.reshape_strategies(list(ins[0].shape), list(outs[0].shape), mesh)
+        in_specs = [(a,) for a, _ in pairs]
+        out_specs = [(b,) for _, b in pairs]
+        costs = np.zeros((len(pairs), 3))
+    elif sig.kind == "source":
+        specs = [str(s) for s in enumerate_specs(outs[0].shape, mesh)] if len(outs) == 1 else []
+        if not specs:
+            specs = ["R" * len(outs[0].shape)] if outs else [""]
+        in_specs = [() for _ in specs]
+        out_specs = [(s,) for s in specs]
+        costs = np.zeros((len(specs), 3))
+    else:  # replicated: every device runs the whole op
+        in_specs = [tuple("R" * len(i.shape) for i in ins)]
+        out_specs = [tuple("R" * len(o.shape) for o in outs)]
+        costs = np.array([[flops / flops_per_s, 0.0, 0.0]])
+    if sig.kind == "einsum" and len(sig.output_letters) != len(outs):
+        raise ValueError(f"{name}: signature has {len(sig.output_letters)} outputs, node "
+                         f"{len(outs)}")
+    options = NodeOptions(
+        name, op, sig.kind, list(sig.inputs), outs, in_specs, out_specs,
+        costs[:, 0].copy(), costs[:, 1].copy(), costs[:, 2].copy(),
+        np.zeros(len(in_specs)), np.zeros(len(in_specs)), np.zeros(len(in_specs)),
+        module_path=prof.module_path if prof is not None else "",
+        reductions=reductions,
+    )
+    if prof is not None:
+        # Activation memory scales with how finely the node's tensors are split.
+        full = sum(i.nbytes for i in ins) + sum(o.nbytes for o in outs)
+        if full > 0:
+            local = np.array([
+                sum(i.nbytes / shard_count(s) for i, s in zip(ins, si))
+                + sum(o.nbytes / shard_count(s) for o, s in zip(outs, so))
+                for si, so in zip(in_specs, out_specs)
+            ])
+            ratio = local / full
+            options.memory_ratio = ratio
+            # Kept for the backward: saved inputs and tensors the node makes and
+            # saves besides its outputs (attention weights, masks, statistics).
+            options.saved_bytes = (prof.fwd_in_bytes + prof.fwd_tmp_bytes) * ratio
+            options.transient_bytes = (prof.fwd_buffer_bytes + prof.fwd_out_bytes
+                                       + prof.bwd_tmp_bytes + prof.bwd_out_bytes) * ratio
+    return options
+
+
+def restrict(table: StrategyTable, keep) -> None:
+    """Drop the strategies ``keep(table, node)`` (a bool per strategy) rejects,
+    e.g. to price a hand-made plan family under the same cost model."""
+    for node in table.nodes.values():
+        mask = np.asarray(keep(table, node), dtype=bool)
+        if not mask.any():
+            raise AutomapError(f"no strategy of node {node.name} ({node.op}) satisfies the "
+                               f"strategy filter")
+        if mask.all():
+            continue
+        idx = np.flatnonzero(mask)
+        node.in_specs = [node.in_specs[i] for i in idx]
+        node.out_specs = [node.out_specs[i] for i in idx]
+        if node.reductions is not None:
+            node.reductions = [node.reductions[i] for i in idx]
+        if node.memory_ratio is not None:
+            node.memory_ratio = node.memory_ratio[idx]
+        for attr in ("compute_s", "forward_comm_s", "backward_comm_s", "persistent_bytes",
+                     "saved_bytes", "transient_bytes"):
+            setattr(node, attr, getattr(node, attr)[idx])

@@ -1,0 +1,724 @@
+"""Symbolic profiling (MAP section 4.1): FLOPs and memory of a training step without
+allocating anything real.
+
+:func:`profile` runs one whole training step of the traced graph on FakeTensors:
+forward node by node, backward through autograd, then the optimizer step. A dispatch
+mode sees every tensor each aten op returns and follows its storage with a weak
+reference, so the live-bytes timeline is the one eager PyTorch would have: views and
+in-place ops add nothing, a tensor saved for backward stays until autograd releases it,
+a temporary dies when its last reference does. FLOPs come from
+``torch.utils.flop_counter.FlopCounterMode`` (torch's own formulas); tensors saved for
+backward from autograd's saved-tensor hooks; backward work is attributed to the forward
+node whose autograd nodes run it.
+
+Per graph node, the paper's quantities (bytes are of storages, counted once):
+
+- ``fwd_in_bytes``: the node's inputs it saves for backward (parameters, buffers and
+  constants excluded: they are counted as parameter/buffer memory). A tensor several
+  nodes save (an in-place ReLU's output, saved again by the next convolution) counts
+  for the first of them only: summed over nodes, saved bytes are the bytes kept.
+- ``fwd_tmp_bytes``: tensors the node creates and saves for backward that are not its
+  outputs (e.g. BatchNorm's batch statistics, a dropout mask); they live until the
+  node's backward.
+- ``fwd_out_bytes``: new storage of the node's outputs. Views and in-place ops have
+  none: a ``relu_`` after BatchNorm writes into BatchNorm's output, which therefore is
+  kept once (the paper's in-place nuance), and appears as the ``relu_``'s ``fwd_in``.
+- ``fwd_buffer_bytes``: transient storage during the node's forward, freed when it ends.
+- ``bwd_tmp_bytes``: transient storage during the node's backward, freed when it ends.
+- ``bwd_out_bytes``: storage the node's backward creates that outlives it: the
+  gradients of its inputs (and of parameters, when a gradient is accumulated).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from automap.errors import AutomapError, TraceError
+from automap.trace.tracing import TracedGraph, default_loss, trace
+
+log = logging.getLogger(__name__)
+
+FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
+
+#: The optimizers known by name; ``sgd_momentum`` keeps one momentum buffer per
+#: parameter, ``adam``/``adamw`` two moments and a step counter.
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd": lambda params, foreach: torch.optim.SGD(params, lr=1e-2, foreach=foreach),
+    "sgd_momentum": lambda params, foreach: torch.optim.SGD(
+        params, lr=1e-2, momentum=0.9, foreach=foreach
+    ),
+    "adam": lambda params, foreach: torch.optim.Adam(params, foreach=foreach),
+    "adamw": lambda params, foreach: torch.optim.AdamW(params, foreach=foreach),
+}
+
+OptimizerArg = str | Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None
+
+
+@dataclass
+class NodeProfile:
+    """The profile of one graph node (see the module docstring for the quantities)."""
+
+    name: str
+    op: str
+    module_path: str
+    fwd_flops: int = 0
+    bwd_flops: int = 0
+    fwd_in_bytes: int = 0
+    fwd_tmp_bytes: int = 0
+    fwd_out_bytes: int = 0
+    fwd_buffer_bytes: int = 0
+    bwd_tmp_bytes: int = 0
+    bwd_out_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class PeakLocation:
+    """Where the memory peak of the step occurs: the phase (forward, backward or
+    optimizer) and the graph node running then (``""`` outside any node, e.g. the
+    optimizer step or the seeding of backward)."""
+
+    phase: str
+    node: str
+    module_path: str
+
+
+@dataclass
+class Profile:
+    """The symbolic profile of one training step on one device.
+
+    Memory is in bytes of live tensor storage. ``peak_memory_bytes`` is the peak of a
+    steady-state step (the optimizer state already exists), ``peak_location`` says where
+    it occurs and ``peak_breakdown`` splits it: ``parameters``, ``buffers``, ``inputs``,
+    ``optimizer_state``, ``gradients`` (of parameters), ``activations`` (made in the
+    forward), ``backward`` (other tensors made in the backward: gradients of
+    activations), ``optimizer_step`` (its temporaries) and ``workspace`` (kernel scratch
+    memory, see ``WORKSPACE``). ``phase_peak_bytes`` is the peak of each phase.
+    ``step_flops`` is forward plus backward FLOPs as counted by ``FlopCounterMode`` (the
+    optimizer's elementwise work is not counted there)."""
+
+    traced: TracedGraph
+    device: str
+    optimizer: str
+    nodes: list[NodeProfile]
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    buffer_bytes: int
+    input_bytes: int
+    peak_memory_bytes: int
+    peak_location: PeakLocation
+    peak_breakdown: dict[str, int]
+    phase_peak_bytes: dict[str, int]
+    fwd_flops: int
+    bwd_flops: int
+    by_name: dict[str, NodeProfile] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.by_name = {n.name: n for n in self.nodes}
+
+    @property
+    def step_flops(self) -> int:
+        return self.fwd_flops + self.bwd_flops
+
+    @property
+    def activation_peak_bytes(self) -> int:
+        """What the step adds on top of the persistent state (parameters, buffers,
+        inputs, optimizer state) at its peak."""
+        persistent = ("parameters", "buffers", "inputs", "optimizer_state")
+        return self.peak_memory_bytes - sum(self.peak_breakdown[k] for k in persistent)
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        """The per-node table as a list of plain dicts."""
+        return [asdict(n) for n in self.nodes]
+
+    def summary(self) -> dict[str, Any]:
+        """The whole-step numbers as a plain dict."""
+        return {
+            "model": self.traced.model_type,
+            "device": self.device,
+            "optimizer": self.optimizer,
+            "parameter_bytes": self.parameter_bytes,
+            "gradient_bytes": self.gradient_bytes,
+            "optimizer_state_bytes": self.optimizer_state_bytes,
+            "buffer_bytes": self.buffer_bytes,
+            "input_bytes": self.input_bytes,
+            "activation_peak_bytes": self.activation_peak_bytes,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "peak_location": asdict(self.peak_location),
+            "peak_breakdown": dict(self.peak_breakdown),
+            "phase_peak_bytes": dict(self.phase_peak_bytes),
+            "fwd_flops": self.fwd_flops,
+            "bwd_flops": self.bwd_flops,
+            "step_flops": self.step_flops,
+        }
+
+    def to_json(self, path: str | None = None) -> str:
+        """Summary and per-node table as JSON; also written to ``path`` when given."""
+        text = json.dumps({"summary": self.summary(), "nodes": self.to_dicts()}, indent=1)
+        if path is not None:
+            with open(path, "w") as f:
+                f.write(text)
+        return text
+
+    def memory_breakdown(self) -> str:
+        """The per-device memory of the step, one line per kind of tensor."""
+        loc = self.peak_location
+        where = loc.phase + (f", node {loc.node}" if loc.node else "")
+        where += f" in {loc.module_path}" if loc.module_path else ""
+        rows = [
+            ("parameters", self.parameter_bytes),
+            ("gradients", self.gradient_bytes),
+            (f"optimizer state ({self.optimizer})", self.optimizer_state_bytes),
+            ("buffers", self.buffer_bytes),
+            ("inputs", self.input_bytes),
+            ("peak of a training step", self.peak_memory_bytes),
+        ]
+        rows += [(f"  {kind} at the peak", b) for kind, b in self.peak_breakdown.items()]
+        lines = [f"{label:<34}{format_bytes(b):>12}" for label, b in rows]
+        lines.insert(5, "")
+        lines.append(f"peak occurs in the {where}")
+        lines.append(
+            f"step FLOPs: {self.step_flops:.4g} (forward {self.fwd_flops:.4g}, "
+            f"backward {self.bwd_flops:.4g})"
+        )
+        return "\n".join(lines)
+
+    def table(self, max_rows: int | None = None) -> str:
+        """The per-node table as aligned text (all rows unless ``max_rows``)."""
+        cols = ("name", "op", "module_path", "fwd_flops", "bwd_flops", "fwd_in_bytes",
+                "fwd_tmp_bytes", "fwd_out_bytes", "fwd_buffer_bytes", "bwd_tmp_bytes",
+                "bwd_out_bytes")  # fmt: skip
+        heads = ("node", "op", "module", "fwd_flops", "bwd_flops", "fwd_in", "fwd_tmp",
+                 "fwd_out", "fwd_buf", "bwd_tmp", "bwd_out")  # fmt: skip
+        shown = self.nodes if max_rows is None else self.nodes[:max_rows]
+        rows = [heads] + [tuple(_cell(getattr(n, c), c) for c in cols) for n in shown]
+        widths = [min(max(len(r[i]) for r in rows), 40) for i in range(len(cols))]
+        lines = [
+            "  ".join(
+                (cell[: widths[i]].ljust(widths[i]) if i < 3 else cell.rjust(widths[i]))
+                for i, cell in enumerate(row)
+            )
+            for row in rows
+        ]
+        if len(shown) < len(self.nodes):
+            lines.append(f"... {len(self.nodes) - len(shown)} more nodes (Profile.table())")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        title = f"Profile of {self.traced.model_type} on {self.device}"
+        return f"{title}\n{self.memory_breakdown()}\n\n{self.table(max_rows=40)}"
+
+    __repr__ = __str__
+
+
+def format_bytes(n: int) -> str:
+    """Bytes in binary units, e.g. ``1.50 MiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _cell(value: Any, column: str) -> str:
+    if column.endswith("_bytes"):
+        return format_bytes(value) if value else "-"
+    if column.endswith("_flops"):
+        return f"{value:.3g}" if value else "-"
+    return str(value)
+
+
+def profile(
+    model: nn.Module,
+    example_inputs: Any,
+    optimizer: OptimizerArg = "adamw",
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    device: str | torch.device | None = None,
+    attn_implementation: str | None = None,
+) -> Profile:
+    """Profile one training step of ``model`` on ``example_inputs`` symbolically.
+
+    ``optimizer``: ``"sgd"``, ``"sgd_momentum"``, ``"adam"``, ``"adamw"``, ``None`` (no
+    optimizer step) or a callable that builds a ``torch.optim.Optimizer`` from a list of
+    parameters. ``loss_fn`` maps the model output to the loss (default
+    :func:`automap.trace.tracing.default_loss`). ``device``: the device type the estimate is
+    for (kernels differ per device, e.g. which attention kernel runs); default the
+    model's device, or for a model on the meta device ``cuda`` when available, else
+    ``cpu`` (estimating for ``cuda`` needs CUDA, since autograd runs even FakeTensors
+    through the CUDA runtime). Nothing real is allocated and the model is not modified.
+    """
+    traced = trace(
+        model,
+        example_inputs,
+        loss_fn=loss_fn or default_loss,
+        attn_implementation=attn_implementation,
+    )
+    return profile_traced(traced, optimizer, device=_target_device(model, device))
+
+
+def profile_traced(
+    traced: TracedGraph, optimizer: OptimizerArg = "adamw", *, device: str | torch.device = "cpu"
+) -> Profile:
+    """Profile a graph from :func:`automap.trace.tracing.trace` that ends in the loss."""
+    if not traced.has_loss:
+        raise TraceError("profiling needs a graph that ends in the loss: trace with loss_fn=...")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        # Autograd drives even FakeTensors on CUDA through the CUDA runtime.
+        raise AutomapError("estimating for device 'cuda' needs CUDA here; use device='cpu'")
+    if device.type not in ("cpu", "meta") and device.index is None:
+        device = torch.device(device.type, 0)  # what tensors created on "cuda" report
+    log.info("profiling a training step of %d nodes on %s", len(traced.nodes), device)
+    start_s = time.perf_counter()
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        state = _make_state(traced, device)
+        opt, opt_name = _make_optimizer(optimizer, state.trainable(), device)
+        if opt is not None:
+            _create_optimizer_state(opt, state.trainable())
+        rec = _Recorder(traced)
+        rec.track_persistent(state, opt)
+        with FlopCounterMode(display=False) as flops, _TrackStorage(rec, device):
+            rec.flop_counter = flops
+            runner = _Runner(traced, rec, device)
+            outputs = runner.run(*state.placeholder_values)
+            loss = outputs[traced.user_output_index]
+            rec.boundary(BACKWARD, "")
+            loss.backward()
+            gradient_bytes = rec.gradient_bytes(state.trainable())
+            rec.boundary(OPTIMIZER, "")  # settles the FLOPs of the last backward node
+            if opt is not None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+    log.info("profiled in %.1f s", time.perf_counter() - start_s)
+    return rec.result(device, opt_name, gradient_bytes)
+
+
+def _target_device(model: nn.Module, device: str | torch.device | None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.device.type != "meta":
+            return tensor.device
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass
+class _State:
+    """The fake tensors bound to the graph's placeholders."""
+
+    placeholder_values: list[torch.Tensor]
+    params: dict[str, torch.Tensor]  # canonical name -> tensor
+    buffers: list[torch.Tensor]
+    inputs: list[torch.Tensor]
+
+    def trainable(self) -> list[torch.Tensor]:
+        return [p for p in self.params.values() if p.requires_grad]
+
+
+def _make_state(traced: TracedGraph, device: torch.device) -> _State:
+    params: dict[str, torch.Tensor] = {}
+    buffers: list[torch.Tensor] = []
+    inputs: list[torch.Tensor] = []
+    shared: dict[str, torch.Tensor] = {}  # canonical name -> tensor, for tied names
+    values = []
+    for node in traced.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):  # a scalar input export specialised on
+            values.append(val)
+            continue
+        info = traced.state_of(node.name)
+        if info is not None and info.canonical in shared:  # a tied name: one tensor
+            values.append(shared[info.canonical])
+            continue
+        fake = torch.empty_strided(tuple(val.shape), val.stride(), dtype=val.dtype, device=device)
+        if info is None:
+            fake.requires_grad_(val.requires_grad)
+            inputs.append(fake)
+        else:
+            shared[info.canonical] = fake
+            if info.kind == "parameter":
+                fake.requires_grad_(info.requires_grad)
+                params[info.canonical] = fake
+            else:
+                buffers.append(fake)
+        values.append(fake)
+    return _State(values, params, buffers, inputs)
+
+
+def _make_optimizer(
+    optimizer: OptimizerArg, params: list[torch.Tensor], device: torch.device
+) -> tuple[torch.optim.Optimizer | None, str]:
+    if optimizer is None or not params:
+        return None, "none"
+    if callable(optimizer):
+        return optimizer(params), getattr(optimizer, "__name__", type(optimizer).__name__)
+    if optimizer not in OPTIMIZERS:
+        raise AutomapError(f"unknown optimizer {optimizer!r}; use one of {sorted(OPTIMIZERS)}")
+    # Eager PyTorch picks the multi-tensor (foreach) kernels on accelerators and the
+    # per-tensor loop on CPU; their temporaries differ, so choose as it would for real
+    # tensors (it cannot tell from FakeTensors).
+    return OPTIMIZERS[optimizer](params, device.type != "cpu"), optimizer
+
+
+def _create_optimizer_state(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+    """One step on zero gradients so the state exists, as in every step after the first."""
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _conv_forward_workspace(args: tuple, out: torch.Tensor) -> int:
+    # oneDNN reorders input and weight into its blocked layout and computes the output
+    # there before copying it out: input + weight, or the blocked output, on top.
+    return max(_nbytes(args[0]) + _nbytes(args[1]), _nbytes(out))
+
+
+def _conv_backward_workspace(args: tuple, out: Any) -> int:
+    # Blocked copies of grad_output and input for the weight gradient; a strided
+    # convolution also holds two input-sized buffers for the input gradient.
+    copies = _nbytes(args[0]) + _nbytes(args[1])
+    strided = any(s != 1 for s in args[4])
+    return max(copies, 2 * _nbytes(args[1])) if strided else copies
+
+
+def _batch_norm_backward_workspace(args: tuple, out: Any) -> int:
+    # The CPU kernel computes the input gradient through one input-sized buffer.
+    return _nbytes(args[1])
+
+
+def _blas_ready(t: torch.Tensor) -> bool:
+    """Whether BLAS can read the matrices of ``t`` in place (row- or column-major)."""
+    rows, cols = t.shape[-2], t.shape[-1]
+    rs, cs = t.stride()[-2], t.stride()[-1]
+    row_major = (cs == 1 or cols == 1) and rs >= max(1, cols)
+    col_major = (rs == 1 or rows == 1) and cs >= max(1, rows)
+    return row_major or col_major
+
+
+def _matmul_copies(*operands: int) -> Callable[[tuple, Any], int]:
+    def workspace(args: tuple, out: Any) -> int:
+        # mm/bmm kernels copy an operand BLAS cannot read in place (e.g. the
+        # expanded gradient of a sum) into a dense buffer first.
+        return sum(_nbytes(args[i]) for i in operands if not _blas_ready(args[i]))
+
+    return workspace
+
+
+_aten = torch.ops.aten
+
+#: Scratch memory that kernels allocate inside an op, invisible to FakeTensors (which
+#: only see an op's outputs): the transient on top of the outputs, per op. The matmul
+#: rule holds on every device. The CPU rules are derived from the allocations of
+#: PyTorch's oneDNN convolution and native batch norm (PyTorch profiler memory events);
+#: cuDNN's algorithm-dependent workspaces are not modelled.
+WORKSPACE: dict[Any, Callable[[tuple, Any], int]] = {
+    _aten.mm.default: _matmul_copies(0, 1),
+    _aten.addmm.default: _matmul_copies(1, 2),
+    _aten.bmm.default: _matmul_copies(0, 1),
+    _aten.baddbmm.default: _matmul_copies(1, 2),
+}
+CPU_WORKSPACE: dict[Any, Callable[[tuple, Any], int]] = {
+    **WORKSPACE,
+    _aten.convolution.default: _conv_forward_workspace,
+    _aten.convolution_backward.default: _conv_backward_workspace,
+    _aten.native_batch_norm_backward.default: _batch_norm_backward_workspace,
+}
+
+
+class _TrackStorage(TorchDispatchMode):
+    """Reports the storage of every tensor an aten op returns to the recorder, and the
+    scratch memory the op's kernel needs on top of it."""
+
+    def __init__(self, rec: _Recorder, device: torch.device) -> None:
+        super().__init__()
+        self.rec = rec
+        self.workspace = CPU_WORKSPACE if device.type == "cpu" else WORKSPACE
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for leaf in pytree.tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.rec.track(leaf)
+        workspace = self.workspace.get(func)
+        if workspace is not None:
+            self.rec.transient(workspace(args, out))
+        return out
+
+
+@dataclass
+class _Storage:
+    nbytes: int
+    kind: str  # parameters, buffers, inputs, optimizer_state, or the phase that made it
+    node: str  # the graph node that made it ("" for none)
+    born: int
+    died: int | None = None
+
+
+class _Recorder:
+    """The live-bytes timeline of the step and its attribution to graph nodes."""
+
+    def __init__(self, traced: TracedGraph) -> None:
+        self.traced = traced
+        self.flop_counter: FlopCounterMode | None = None
+        self.storages: dict[int, _Storage] = {}  # storage id -> record, live ones only
+        self.all: list[_Storage] = []
+        self._refs: dict[int, weakref.ref] = {}
+        self.clock = 0
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self.peak_at = (FORWARD, "")
+        self.peak_clock = 0
+        self.peak_scratch = 0  # kernel scratch memory (WORKSPACE) at the peak
+        self.phase_peak = {FORWARD: 0, BACKWARD: 0, OPTIMIZER: 0}
+        self.phase, self.node = FORWARD, ""
+        self.window_peak = 0  # peak since the current node (or grad_fn) began
+        self.window: list[tuple[int, _Storage]] = []  # storages made in that window
+        self.flops_seen = 0
+        self.profiles = {
+            name: NodeProfile(name, info.op, info.module_path)
+            for name, info in traced.nodes.items()
+        }
+        self.saved: dict[str, dict[int, _Storage]] = {}  # node -> storages it saved
+        self.attributed: set[int] = set()  # saved storages already counted by a node
+        self.grad_fn_owner: dict[torch.autograd.graph.Node, str] = {}
+        self.param_nodes: dict[int, str] = {}
+        self.grad_records: list[_Storage] = []
+
+    # -- the timeline --
+
+    def track(self, tensor: torch.Tensor, kind: str | None = None) -> _Storage | None:
+        if tensor.layout != torch.strided:
+            return None
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        record = self.storages.get(key)
+        if record is not None:
+            return record
+        self.clock += 1
+        record = _Storage(storage.nbytes(), kind or self.phase, self.node, self.clock)
+        self.storages[key] = record
+        self.all.append(record)
+        self._refs[key] = weakref.ref(storage, lambda _, key=key: self._free(key))
+        self.live_bytes += record.nbytes
+        self.window.append((key, record))
+        self._observe(self.live_bytes)
+        return record
+
+    def transient(self, nbytes: int) -> None:
+        """Scratch memory allocated and freed inside the op that just ran."""
+        self._observe(self.live_bytes + nbytes)
+
+    def _observe(self, live_bytes: int) -> None:
+        if live_bytes > self.window_peak:
+            self.window_peak = live_bytes
+        if live_bytes > self.phase_peak[self.phase]:
+            self.phase_peak[self.phase] = live_bytes
+        if live_bytes > self.peak_bytes:
+            self.peak_bytes, self.peak_at = live_bytes, (self.phase, self.node)
+            self.peak_clock = self.clock
+            self.peak_scratch = live_bytes - self.live_bytes
+
+    def _free(self, key: int) -> None:
+        record = self.storages.pop(key, None)
+        self._refs.pop(key, None)
+        if record is not None:
+            self.clock += 1
+            record.died = self.clock
+            self.live_bytes -= record.nbytes
+
+    def track_persistent(self, state: _State, opt: torch.optim.Optimizer | None) -> None:
+        for kind, tensors in (
+            ("parameters", state.params.values()),
+            ("buffers", state.buffers),
+            ("inputs", state.inputs),
+            ("optimizer_state", _optimizer_tensors(opt)),
+        ):
+            for t in tensors:
+                self.track(t, kind)
+        for name, tensor in zip(
+            (n.name for n in self.traced.graph.nodes if n.op == "placeholder"),
+            state.placeholder_values,
+            strict=True,
+        ):
+            self.param_nodes.setdefault(id(tensor), name)
+        self.window = []
+
+    def boundary(self, phase: str, node: str) -> None:
+        """A node (or grad_fn, or phase) begins: settle FLOPs of what ran before."""
+        flops = self.flop_counter.get_total_flops() if self.flop_counter else 0
+        if self.node and flops != self.flops_seen:
+            prof = self.profiles[self.node]
+            if self.phase == FORWARD:
+                prof.fwd_flops += flops - self.flops_seen
+            else:
+                prof.bwd_flops += flops - self.flops_seen
+        self.flops_seen = flops
+        self.phase, self.node = phase, node
+        self.window_peak = self.live_bytes
+        self.window = []
+
+    def gradient_bytes(self, params: Iterable[torch.Tensor]) -> int:
+        """Bytes of the parameters' gradients, now (after backward)."""
+        keys = {p.grad.untyped_storage()._cdata for p in params if p.grad is not None}
+        self.grad_records = [self.storages[k] for k in keys if k in self.storages]
+        return sum(r.nbytes for r in self.grad_records)
+
+    # -- forward --
+
+    def begin_forward(self, node: str) -> None:
+        self.boundary(FORWARD, node)
+        self.saved[node] = {}
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        record = self.track(tensor)
+        if record is not None and self.phase == FORWARD and self.node:
+            self.saved[self.node][tensor.untyped_storage()._cdata] = record
+        return tensor
+
+    def end_forward(self, node: str, out: Any) -> None:
+        prof = self.profiles[node]
+        outs = {}
+        for leaf in pytree.tree_leaves(out):
+            if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:
+                key = leaf.untyped_storage()._cdata
+                record = self.storages.get(key)
+                if record is not None and record.node == node and record.kind == FORWARD:
+                    outs[key] = record
+                self._own_grad_fns(leaf.grad_fn, node)
+        prof.fwd_out_bytes = sum(r.nbytes for r in outs.values())
+        prof.fwd_buffer_bytes = self.window_peak - self.live_bytes
+        for key, record in self.saved[node].items():
+            if record.kind != FORWARD and record.kind != "inputs":
+                continue  # parameters, buffers: not activations
+            if key in self.attributed:
+                continue  # saved by an earlier node too: it exists once
+            self.attributed.add(key)
+            if record.node != node:
+                prof.fwd_in_bytes += record.nbytes
+            elif key not in outs:
+                prof.fwd_tmp_bytes += record.nbytes
+
+    def _own_grad_fns(self, grad_fn: Any, node: str) -> None:
+        """Attribute the autograd nodes the forward node created to it."""
+        stack = [grad_fn]
+        while stack:
+            fn = stack.pop()
+            if fn is None or fn in self.grad_fn_owner:
+                continue
+            owner = node
+            variable = getattr(fn, "variable", None)  # AccumulateGrad: a parameter's sink
+            if variable is not None:
+                owner = self.param_nodes.get(id(variable), node)
+            self.grad_fn_owner[fn] = owner
+            fn.register_prehook(lambda grads, owner=owner: self.begin_backward(owner))
+            fn.register_hook(lambda grads_in, grads_out, owner=owner: self.end_backward(owner))
+            if variable is None:
+                stack.extend(next_fn for next_fn, _ in fn.next_functions)
+
+    # -- backward --
+
+    def begin_backward(self, node: str) -> None:
+        self.boundary(BACKWARD, node)
+
+    def end_backward(self, node: str) -> None:
+        prof = self.profiles[node]
+        kept = sum(r.nbytes for key, r in self.window if key in self.storages and r.died is None)
+        prof.bwd_out_bytes += kept
+        prof.bwd_tmp_bytes = max(prof.bwd_tmp_bytes, self.window_peak - self.live_bytes)
+
+    # -- the result --
+
+    def result(self, device: torch.device, opt_name: str, grad_bytes: int) -> Profile:
+        def persistent(kind: str) -> int:
+            return sum(r.nbytes for r in self.all if r.kind == kind)
+
+        grads = {id(r) for r in self.grad_records}
+        breakdown = dict.fromkeys(
+            ("parameters", "buffers", "inputs", "optimizer_state", "gradients",
+             "activations", "backward", "optimizer_step", "workspace"), 0,
+        )  # fmt: skip
+        breakdown["workspace"] = self.peak_scratch
+        kind_names = {FORWARD: "activations", BACKWARD: "backward", OPTIMIZER: "optimizer_step"}
+        for r in self.all:
+            if r.born <= self.peak_clock and (r.died is None or r.died > self.peak_clock):
+                kind = "gradients" if id(r) in grads else kind_names.get(r.kind, r.kind)
+                breakdown[kind] += r.nbytes
+        phase, node = self.peak_at
+        module = self.traced.nodes[node].module_path if node else ""
+        nodes = [
+            p
+            for name, p in self.profiles.items()
+            if self.traced.state_of(name) is None and name not in self.traced.user_input_nodes
+        ]
+        return Profile(
+            traced=self.traced,
+            device=str(device),
+            optimizer=opt_name,
+            nodes=nodes,
+            parameter_bytes=persistent("parameters"),
+            gradient_bytes=grad_bytes,
+            optimizer_state_bytes=persistent("optimizer_state"),
+            buffer_bytes=persistent("buffers"),
+            input_bytes=persistent("inputs"),
+            peak_memory_bytes=self.peak_bytes,
+            peak_location=PeakLocation(phase, node, module),
+            peak_breakdown=breakdown,
+            phase_peak_bytes=dict(self.phase_peak),
+            fwd_flops=sum(p.fwd_flops for p in self.profiles.values()),
+            bwd_flops=sum(p.bwd_flops for p in self.profiles.values()),
+        )
+
+
+def _optimizer_tensors(opt: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    if opt is None:
+        return []
+    return [
+        leaf
+        for per_param in opt.state.values()
+        for leaf in pytree.tree_leaves(per_param)
+        if isinstance(leaf, torch.Tensor)
+    ]
+
+
+class _Runner(fx.Interpreter):
+    """Runs the exported graph node by node, telling the recorder where it is. Values
+    are dropped after their last use, as eager Python drops its temporaries."""
+
+    def __init__(self, traced: TracedGraph, rec: _Recorder, device: torch.device) -> None:
+        super().__init__(traced.graph_module_on(device), garbage_collect_values=True)
+        self.rec = rec
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op != "call_function":
+            return super().run_node(n)
+        self.rec.begin_forward(n.name)
+        with torch.autograd.graph.saved_tensors_hooks(self.rec.pack, _unpack):
+            out = super().run_node(n)
+        self.rec.end_forward(n.name, out)
+        return out
+
+
+def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor

@@ -1,0 +1,408 @@
+"""Tracing: the graph automap plans on.
+
+:func:`trace` exports a model with ``torch.export.export(..., strict=False)``. The
+result is an aten-level fx graph (training IR: autograd-capable ops such as
+``aten.linear``, ``aten.conv2d``, ``aten.scaled_dot_product_attention``) in which
+parameters, buffers and user inputs are placeholders. Export runs the model's Python on
+FakeTensors, so no real compute happens and models built on ``torch.device("meta")``
+trace as well as ordinary ones.
+
+Example inputs: a tensor, a tuple of positional arguments, or a dict of keyword
+arguments (the usual form for Hugging Face models: ``{"input_ids": ..., "labels": ...}``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.export import ExportedProgram
+from torch.utils import _pytree as pytree
+
+from automap.errors import TraceError
+from automap.trace import hf_compat
+
+log = logging.getLogger(__name__)
+
+#: Attribute under which :class:`_Step` holds the user's model; stripped from every
+#: module path and parameter name so that names are the user's own.
+_INNER = "model"
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Shape and dtype of one tensor value of the graph."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        numel = 1
+        for size in self.shape:
+            numel *= size
+        return numel * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What the planner needs to know about one node: its op, its output tensors and
+    the module it belongs to (``""`` for the root module)."""
+
+    name: str
+    op: str
+    outputs: tuple[TensorMeta, ...]
+    module_path: str
+    module_type: str
+
+
+@dataclass(frozen=True)
+class StateInfo:
+    """A parameter, buffer or lifted constant of the traced model.
+
+    ``name`` is the fully qualified name, as in ``model.named_parameters()``.
+    torch.export lifts every name of a tied tensor to its own placeholder; ``tied`` lists
+    all names of the tensor (empty when untied), e.g. GPT-2's ``transformer.wte.weight``
+    and ``lm_head.weight``. ``node`` is its placeholder in the graph."""
+
+    name: str
+    kind: str
+    node: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    requires_grad: bool
+    tied: tuple[str, ...] = ()
+
+    @property
+    def canonical(self) -> str:
+        """The name that stands for the tensor (the first of its tied names)."""
+        return self.tied[0] if self.tied else self.name
+
+    @property
+    def module_path(self) -> str:
+        return self.name.rpartition(".")[0]
+
+    @property
+    def nbytes(self) -> int:
+        return TensorMeta(self.shape, self.dtype).nbytes
+
+
+class TracedGraph:
+    """An exported model: the fx graph plus the facts about it the planner needs.
+
+    - ``exported``: the ``torch.export.ExportedProgram``.
+    - ``graph_module``: its fx GraphModule; placeholders are the lifted parameters,
+      buffers and constants (in that order), then the flattened user inputs.
+    - ``nodes``: ``NodeInfo`` by node name, for every placeholder and op node.
+    - ``parameters``, ``buffers``, ``constants``: ``StateInfo`` by name.
+    - ``tied_parameters``: groups of names that are one tensor.
+    - ``has_loss``: whether the graph ends in the scalar training loss (``loss_fn`` given
+      to :func:`trace`); the graph output at ``user_output_index`` is then the loss.
+    """
+
+    def __init__(self, exported: ExportedProgram, model: nn.Module, has_loss: bool) -> None:
+        self.exported = exported
+        self.graph_module: fx.GraphModule = exported.graph_module
+        self.graph: fx.Graph = exported.graph_module.graph
+        self.has_loss = has_loss
+        self.model_type = type(model).__name__
+
+        ties = _tie_groups(model)
+        placeholders = {n.name: n for n in self.graph.nodes if n.op == "placeholder"}
+        sig = exported.graph_signature
+        self.parameters: dict[str, StateInfo] = {}
+        self.buffers: dict[str, StateInfo] = {}
+        self.constants: dict[str, StateInfo] = {}
+        self._state_by_node: dict[str, StateInfo] = {}
+        named = dict(model.named_parameters(remove_duplicate=False))
+        for kind, mapping, table in (
+            ("parameter", sig.inputs_to_parameters, self.parameters),
+            ("buffer", sig.inputs_to_buffers, self.buffers),
+            ("constant", sig.inputs_to_lifted_tensor_constants, self.constants),
+        ):
+            for node_name, target in mapping.items():
+                name = _strip_inner(target)
+                meta = _tensor_metas(placeholders[node_name].meta.get("val"))[0]
+                param = named.get(name)
+                info = StateInfo(
+                    name=name,
+                    kind=kind,
+                    node=node_name,
+                    shape=meta.shape,
+                    dtype=meta.dtype,
+                    requires_grad=bool(param is not None and param.requires_grad),
+                    tied=ties.get(name, ()),
+                )
+                table[name] = info
+                self._state_by_node[node_name] = info
+        self.tied_parameters: list[tuple[str, ...]] = list(
+            dict.fromkeys(info.tied for info in self.parameters.values() if info.tied)
+        )
+        self.user_input_nodes: list[str] = [
+            spec.arg.name for spec in sig.input_specs if spec.kind.name == "USER_INPUT"
+        ]
+        # Graph outputs also carry buffer mutations in a functional IR; they come first.
+        kinds = [spec.kind.name for spec in sig.output_specs]
+        self.user_output_index = kinds.index("USER_OUTPUT") if "USER_OUTPUT" in kinds else 0
+
+        self.nodes: dict[str, NodeInfo] = {}
+        for node in self.graph.nodes:
+            if node.op in ("placeholder", "call_function"):
+                self.nodes[node.name] = self._node_info(node)
+
+    def _node_info(self, node: fx.Node) -> NodeInfo:
+        state = self._state_by_node.get(node.name)
+        if state is not None:
+            path, module_type = state.module_path, ""
+        else:
+            path, module_type = _module_of(node)
+        op = "placeholder" if node.op == "placeholder" else _op_name(node.target)
+        return NodeInfo(node.name, op, _tensor_metas(node.meta.get("val")), path, module_type)
+
+    @property
+    def device(self) -> torch.device:
+        """The device the graph was traced on (of its first placeholder)."""
+        for node in self.graph.nodes:
+            val = node.meta.get("val")
+            if node.op == "placeholder" and isinstance(val, torch.Tensor):
+                return val.device
+        return torch.device("cpu")
+
+    def graph_module_on(self, device: str | torch.device) -> fx.GraphModule:
+        """The graph module with its device constants retargeted to ``device``.
+
+        Export records the devices it saw as constants (``arange(device=...)``,
+        ``.to(device)``, metadata asserts), so a graph traced on ``meta`` cannot run on
+        FakeTensors of another device as is. Nodes keep their names and metadata."""
+        device = torch.device(device)
+        if device.type == self.device.type:
+            return self.graph_module
+        return _retargeted(self.graph_module, self.device.type, device)
+
+    def state_of(self, node_name: str) -> StateInfo | None:
+        """The parameter, buffer or constant a placeholder stands for (else ``None``)."""
+        return self._state_by_node.get(node_name)
+
+    def module(self) -> nn.Module:
+        """A runnable, trainable fx GraphModule with the parameters as attributes."""
+        return self.exported.module()
+
+    def __str__(self) -> str:
+        n_ops = sum(1 for n in self.graph.nodes if n.op == "call_function")
+        unique = [p for p in self.parameters.values() if p.canonical == p.name]
+        lines = [
+            f"TracedGraph of {self.model_type}: {n_ops} ops, {len(unique)} parameter tensors "
+            f"({sum(p.nbytes for p in unique)} bytes), {len(self.buffers)} buffers, "
+            f"{len(self.user_input_nodes)} inputs" + (", ends in the loss" if self.has_loss else "")
+        ]
+        lines += [f"  tied: {' = '.join(group)}" for group in self.tied_parameters]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+class _Step(nn.Module):
+    """The user's model plus the call arguments automap adds and, optionally, the loss,
+    so that one export gives the graph of a whole training forward."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable | None, extra_kwargs: dict) -> None:
+        super().__init__()
+        setattr(self, _INNER, model)
+        self._loss_fn = loss_fn
+        self._extra_kwargs = extra_kwargs
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        out = getattr(self, _INNER)(*args, **{**self._extra_kwargs, **kwargs})
+        return out if self._loss_fn is None else self._loss_fn(out)
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """The loss automap differentiates when none is given: a scalar output as is, the
+    ``loss`` of a Hugging Face ``ModelOutput``, else the sum of the first floating-point
+    output (backward then starts from a gradient of ones of that output's shape)."""
+    if isinstance(output, torch.Tensor) and output.dim() == 0:
+        return output
+    hf_loss = hf_compat.loss_from_output(output)
+    if isinstance(hf_loss, torch.Tensor):
+        return hf_loss
+    for leaf in pytree.tree_leaves(output):
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+            return leaf.sum()
+    raise TraceError(
+        f"the model's output ({type(output).__name__}) has no floating-point tensor to "
+        "differentiate; pass loss_fn=... that maps the output to a scalar loss"
+    )
+
+
+def split_inputs(example_inputs: Any) -> tuple[tuple, dict]:
+    """Positional and keyword arguments from automap's example-input forms: a tensor,
+    a tuple/list of positional arguments, or a dict of keyword arguments."""
+    if isinstance(example_inputs, dict):
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs), {}
+    return (example_inputs,), {}
+
+
+def distinct_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The inputs with every repeated tensor replaced by a copy. torch.export
+    merges arguments that are one tensor (``input_ids=ids, labels=ids``) into one
+    placeholder; a module built from that graph would read one where the user
+    later passes two."""
+    seen: set[int] = set()
+
+    def distinct(t: torch.Tensor) -> torch.Tensor:
+        if id(t) in seen:
+            return t.clone()
+        seen.add(id(t))
+        return t
+
+    return pytree.tree_map_only(torch.Tensor, distinct, (args, kwargs))
+
+
+def trace(
+    model: nn.Module,
+    example_inputs: Any,
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    attn_implementation: str | None = None,
+) -> TracedGraph:
+    """Export ``model`` called on ``example_inputs`` to an aten-level fx graph.
+
+    ``loss_fn``: maps the model's output to the scalar loss; when given, the loss is
+    part of the graph (:func:`default_loss` is what profiling uses). Hugging Face models
+    get the adjustments of :mod:`automap.trace.hf_compat` (``use_cache=False``,
+    ``return_dict=True``, ``attn_implementation`` when given) without being modified.
+    The model is traced in its current mode (``.train()`` / ``.eval()``).
+
+    Raises :class:`~automap.errors.TraceError` when torch.export cannot trace the model,
+    saying why and what to try.
+    """
+    if not isinstance(model, nn.Module):
+        raise TraceError(f"trace expects an nn.Module, got {type(model).__name__}")
+    args, kwargs = distinct_inputs(*split_inputs(example_inputs))
+    is_hf = hf_compat.is_hf_model(model)
+    step = _Step(model, loss_fn, hf_compat.call_kwargs(model) if is_hf else {})
+    step.training = model.training  # not .train(): it would reset every submodule's mode
+    log.info("exporting %s with torch.export", type(model).__name__)
+    start_s = time.perf_counter()
+    try:
+        with hf_compat.adjusted(model, attn_implementation) if is_hf else contextlib.nullcontext():
+            exported = torch.export.export(step, args, kwargs, strict=False)
+    except TraceError:
+        raise
+    except Exception as exc:  # torch.export raises many unrelated types; all mean "cannot trace"
+        raise TraceError(_explain_export_failure(model, exc, is_hf)) from exc
+    traced = TracedGraph(exported, model, has_loss=loss_fn is not None)
+    log.info("exported %d nodes in %.1f s", len(traced.nodes), time.perf_counter() - start_s)
+    return traced
+
+
+def _explain_export_failure(model: nn.Module, exc: Exception, is_hf: bool) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    first_line = text.strip().splitlines()[0][:300]
+    if "data-dependent" in text or "DataDependent" in text:
+        hint = (
+            "the forward branches on tensor values (data-dependent control flow); make the "
+            "branch depend on shapes or constants, or use torch.cond"
+        )
+    elif "Cache" in text and is_hf:
+        hint = "the model builds a KV cache; pass use_cache=False in the example inputs"
+    elif is_hf:
+        hint = (
+            "try attn_implementation='eager' or 'sdpa', pass labels so the model computes "
+            "its loss, and check the model runs eagerly on the same inputs"
+        )
+    else:
+        hint = (
+            "check that the model runs eagerly on the same inputs; call "
+            "torch.export.export(model, args, kwargs, strict=False) for torch's full report"
+        )
+    return f"torch.export could not trace {type(model).__name__}: {first_line}. Try: {hint}."
+
+
+def _tie_groups(model: nn.Module) -> dict[str, tuple[str, ...]]:
+    """For every tied parameter or buffer name, all names of that tensor in the model's
+    registration order (the first is the name ``named_parameters()`` reports)."""
+    groups: dict[int, list[str]] = {}
+    for name, tensor in [
+        *model.named_parameters(remove_duplicate=False),
+        *model.named_buffers(remove_duplicate=False),
+    ]:
+        groups.setdefault(id(tensor), []).append(name)
+    return {name: tuple(names) for names in groups.values() if len(names) > 1 for name in names}
+
+
+def _strip_inner(name: str) -> str:
+    if name == _INNER:
+        return ""
+    return name[len(_INNER) + 1 :] if name.startswith(_INNER + ".") else name
+
+
+_PATH_NOISE = (
+    (re.compile(r"^L\['self'\]\.?|^L__self___?"), ""),
+    (re.compile(r"\.?_modules\['([^']+)'\]"), r".\1"),
+    (re.compile(r"\[(\d+)\]"), r".\1"),
+    (re.compile(r"\['([^']+)'\]"), r".\1"),
+    (re.compile(r"^\."), ""),
+)
+
+
+def normalize_module_path(path: str) -> str:
+    """A module path from ``nn_module_stack`` as the user's fully qualified module name
+    (torch versions spell it ``L['self'].h[0]``, ``L__self___h_0`` or ``h.0``)."""
+    for pattern, repl in _PATH_NOISE:
+        path = pattern.sub(repl, path)
+    return _strip_inner(path)
+
+
+def _module_of(node: fx.Node) -> tuple[str, str]:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return "", ""
+    path, module_type = list(stack.values())[-1]
+    module_type = module_type if isinstance(module_type, str) else module_type.__qualname__
+    module_type = module_type.rpartition(".")[2]
+    # Ops of the loss outside the model belong to the user's root module.
+    return normalize_module_path(path), "" if module_type == _Step.__name__ else module_type
+
+
+def _retargeted(gm: fx.GraphModule, src_type: str, device: torch.device) -> fx.GraphModule:
+    def fix(value: Any) -> Any:
+        return pytree.tree_map_only(
+            torch.device, lambda d: device if d.type == src_type else d, value
+        )
+
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    attrs: dict[str, Any] = {}
+    for node in gm.graph.nodes:
+        new = graph.node_copy(node, env.__getitem__)
+        new.args, new.kwargs = fix(new.args), fix(new.kwargs)
+        env[node] = new
+        if node.op == "get_attr":  # e.g. the bodies of higher-order ops (wrap_with_*)
+            attr = getattr(gm, node.target)
+            is_graph = isinstance(attr, fx.GraphModule)
+            attrs[node.target] = _retargeted(attr, src_type, device) if is_graph else attr
+    return fx.GraphModule(attrs, graph)
+
+
+def _op_name(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    return getattr(target, "__name__", str(target))
+
+
+def _tensor_metas(val: Any) -> tuple[TensorMeta, ...]:
+    return tuple(
+        TensorMeta(tuple(int(s) for s in leaf.shape), leaf.dtype)
+        for leaf in pytree.tree_leaves(val)
+        if isinstance(leaf, torch.Tensor)
+    )

@@ -1,0 +1,394 @@
+//! Bindings of `crate::sharding`: meshes, specs, layout paths and costs,
+//! spec enumeration, the layout cache.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use super::IntoPyResult;
+use crate::sharding::layout::cache::{cache_stats, clear_layout_cache};
+use crate::sharding::layout::{heuristic, layout_context, LayoutProblem};
+use crate::sharding::mesh::{Collective, DeviceMesh};
+use crate::sharding::spec::ShardingSpec;
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyMesh>()?;
+    m.add_class::<PySpec>()?;
+    m.add_class::<PyStep>()?;
+    m.add_class::<PyPath>()?;
+    m.add_function(wrap_pyfunction!(layout_path, m)?)?;
+    m.add_function(wrap_pyfunction!(resharding_costs, m)?)?;
+    m.add_function(wrap_pyfunction!(enumerate_specs, m)?)?;
+    m.add_function(wrap_pyfunction!(layout_cache_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(py_clear_layout_cache, m)?)?;
+    Ok(())
+}
+
+/// The native device mesh; `automap.DeviceMesh` wraps it.
+#[pyclass(name = "Mesh", module = "automap._core", frozen)]
+struct PyMesh {
+    inner: DeviceMesh,
+}
+
+#[pymethods]
+impl PyMesh {
+    #[new]
+    #[pyo3(signature = (shape, ranks, alpha_s, bandwidth_bytes_per_s))]
+    fn new(
+        shape: Vec<usize>,
+        ranks: Option<Vec<i64>>,
+        alpha_s: Vec<f64>,
+        bandwidth_bytes_per_s: Vec<f64>,
+    ) -> PyResult<Self> {
+        Ok(PyMesh {
+            inner: DeviceMesh::new(shape, ranks, alpha_s, bandwidth_bytes_per_s).py()?,
+        })
+    }
+
+    #[getter]
+    fn shape(&self) -> Vec<usize> {
+        self.inner.shape().to_vec()
+    }
+    #[getter]
+    fn ranks(&self) -> Vec<i64> {
+        self.inner.ranks().to_vec()
+    }
+    #[getter]
+    fn alpha_s(&self) -> Vec<f64> {
+        self.inner.alpha_s().to_vec()
+    }
+    #[getter]
+    fn bandwidth_bytes_per_s(&self) -> Vec<f64> {
+        self.inner.bandwidth_bytes_per_s().to_vec()
+    }
+    fn coordinate(&self, rank: i64) -> PyResult<Vec<usize>> {
+        self.inner.coordinate(rank).py()
+    }
+    fn rank_at(&self, coordinate: Vec<usize>) -> PyResult<i64> {
+        self.inner.rank_at(&coordinate).py()
+    }
+    fn axis_groups(&self, axes: Vec<usize>) -> PyResult<Vec<Vec<i64>>> {
+        self.inner.axis_groups(&axes).py()
+    }
+    fn collective_cost_s(&self, kind: &str, nbytes: f64, axes: Vec<usize>) -> PyResult<f64> {
+        let Some(kind) = Collective::from_name(kind) else {
+            return Err(PyValueError::new_err(format!(
+                "unknown collective {kind:?}; expected all_gather, reduce_scatter, all_reduce, \
+                 all_to_all or broadcast"
+            )));
+        };
+        if !(nbytes.is_finite() && nbytes >= 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "nbytes must be finite and >= 0, got {nbytes}"
+            )));
+        }
+        self.inner.collective_cost_s(kind, nbytes, &axes).py()
+    }
+}
+
+/// A mesh argument: the native mesh or anything holding one in `_native`.
+pub(crate) fn native_mesh(obj: &Bound<'_, PyAny>) -> PyResult<DeviceMesh> {
+    if let Ok(m) = obj.cast::<PyMesh>() {
+        return Ok(m.get().inner.clone());
+    }
+    match obj.getattr("_native") {
+        Ok(native) => Ok(native.cast::<PyMesh>()?.get().inner.clone()),
+        Err(_) => Err(PyValueError::new_err("expected an automap.DeviceMesh")),
+    }
+}
+
+/// A spec argument: a `ShardingSpec` or its string form.
+fn native_spec(obj: &Bound<'_, PyAny>) -> PyResult<ShardingSpec> {
+    if let Ok(s) = obj.cast::<PySpec>() {
+        return Ok(s.get().inner);
+    }
+    let text: String = obj.extract()?;
+    ShardingSpec::parse(&text).py()
+}
+
+#[pyclass(name = "ShardingSpec", module = "automap._core", frozen, eq, hash)]
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct PySpec {
+    inner: ShardingSpec,
+}
+
+#[pymethods]
+impl PySpec {
+    /// Parse the canonical form, e.g. "S01R".
+    #[staticmethod]
+    fn parse(text: &str) -> PyResult<Self> {
+        Ok(PySpec {
+            inner: ShardingSpec::parse(text).py()?,
+        })
+    }
+    /// From the mesh axes of each dim, e.g. [[0, 1], []] for "S01R".
+    #[staticmethod]
+    fn from_dims(dims: Vec<Vec<usize>>) -> PyResult<Self> {
+        Ok(PySpec {
+            inner: ShardingSpec::from_dims(&dims).py()?,
+        })
+    }
+    #[staticmethod]
+    fn replicated(rank: usize) -> PyResult<Self> {
+        Ok(PySpec {
+            inner: ShardingSpec::replicated(rank).py()?,
+        })
+    }
+    #[getter]
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    /// The ordered mesh axes of every dim.
+    #[getter]
+    fn dims(&self) -> Vec<Vec<usize>> {
+        (0..self.inner.rank())
+            .map(|d| {
+                self.inner
+                    .dim_axes(d)
+                    .as_slice()
+                    .iter()
+                    .map(|&a| a as usize)
+                    .collect()
+            })
+            .collect()
+    }
+    #[getter]
+    fn is_replicated(&self) -> bool {
+        self.inner.is_replicated()
+    }
+    fn validate(&self, shape: Vec<usize>, mesh: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.inner.validate(&shape, &native_mesh(mesh)?).py()
+    }
+    fn local_shape(&self, shape: Vec<usize>, mesh: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+        self.inner.local_shape(&shape, &native_mesh(mesh)?).py()
+    }
+    /// The [start, stop) range of every dim held by the device at `rank`.
+    fn local_slices(
+        &self,
+        shape: Vec<usize>,
+        mesh: &Bound<'_, PyAny>,
+        rank: i64,
+    ) -> PyResult<Vec<(usize, usize)>> {
+        self.inner
+            .local_slices(&shape, &native_mesh(mesh)?, rank)
+            .py()
+    }
+    fn shard_count(&self, mesh: &Bound<'_, PyAny>) -> PyResult<usize> {
+        Ok(self.inner.shard_count(native_mesh(mesh)?.shape()))
+    }
+    fn __str__(&self) -> String {
+        self.inner.to_string()
+    }
+    fn __repr__(&self) -> String {
+        format!("ShardingSpec({:?})", self.inner.to_string())
+    }
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
+        Ok((
+            slf.get_type().getattr("parse")?,
+            (slf.get().inner.to_string(),),
+        ))
+    }
+}
+
+#[pyclass(name = "LayoutStep", module = "automap._core", frozen)]
+struct PyStep {
+    #[pyo3(get)]
+    kind: &'static str,
+    #[pyo3(get)]
+    axis: usize,
+    /// The dim that loses the axis (all_gather, all_to_all) or gains it (shard).
+    #[pyo3(get)]
+    dim: usize,
+    /// The dim that gains the axis in an all_to_all.
+    #[pyo3(get)]
+    to_dim: Option<usize>,
+    #[pyo3(get)]
+    before: PySpec,
+    #[pyo3(get)]
+    after: PySpec,
+    #[pyo3(get)]
+    forward_cost_s: f64,
+    #[pyo3(get)]
+    backward_cost_s: f64,
+}
+
+#[pymethods]
+impl PyStep {
+    #[getter]
+    fn cost_s(&self) -> f64 {
+        self.forward_cost_s + self.backward_cost_s
+    }
+    fn __repr__(&self) -> String {
+        let what = match self.to_dim {
+            Some(t) => format!("{} axis {} dim {} -> {}", self.kind, self.axis, self.dim, t),
+            None => format!("{} axis {} dim {}", self.kind, self.axis, self.dim),
+        };
+        format!(
+            "<{what}: {} -> {}, {:.3e} s>",
+            self.before.inner,
+            self.after.inner,
+            self.cost_s()
+        )
+    }
+}
+
+#[pyclass(name = "LayoutPath", module = "automap._core", frozen)]
+struct PyPath {
+    #[pyo3(get)]
+    src: PySpec,
+    #[pyo3(get)]
+    dst: PySpec,
+    steps: Vec<Py<PyStep>>,
+    #[pyo3(get)]
+    shape: Vec<usize>,
+    #[pyo3(get)]
+    dtype_bytes: usize,
+    #[pyo3(get)]
+    forward_cost_s: f64,
+    #[pyo3(get)]
+    backward_cost_s: f64,
+}
+
+#[pymethods]
+impl PyPath {
+    #[getter]
+    fn steps(&self, py: Python<'_>) -> Vec<Py<PyStep>> {
+        self.steps.iter().map(|s| s.clone_ref(py)).collect()
+    }
+    /// Training cost: forward plus backward seconds.
+    #[getter]
+    fn cost_s(&self) -> f64 {
+        self.forward_cost_s + self.backward_cost_s
+    }
+    fn __len__(&self) -> usize {
+        self.steps.len()
+    }
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let mut specs = vec![self.src.inner.to_string()];
+        specs.extend(
+            self.steps
+                .iter()
+                .map(|s| s.bind(py).get().after.inner.to_string()),
+        );
+        format!(
+            "<LayoutPath {} ({} steps, {:.3e} s)>",
+            specs.join(" -> "),
+            self.steps.len(),
+            self.cost_s()
+        )
+    }
+}
+
+fn path_to_py(
+    py: Python<'_>,
+    path: &crate::sharding::layout::LayoutPath,
+    problem: &LayoutProblem,
+) -> PyResult<PyPath> {
+    let steps = path
+        .steps
+        .iter()
+        .map(|s| {
+            Py::new(
+                py,
+                PyStep {
+                    kind: s.kind.name(),
+                    axis: s.axis,
+                    dim: s.dim,
+                    to_dim: s.to_dim,
+                    before: PySpec { inner: s.before },
+                    after: PySpec { inner: s.after },
+                    forward_cost_s: s.forward_cost_s,
+                    backward_cost_s: s.backward_cost_s,
+                },
+            )
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(PyPath {
+        src: PySpec { inner: path.src },
+        dst: PySpec { inner: path.dst },
+        steps,
+        shape: problem.shape().to_vec(),
+        dtype_bytes: problem.dtype_bytes(),
+        forward_cost_s: path.forward_cost_s,
+        backward_cost_s: path.backward_cost_s,
+    })
+}
+
+/// The conversion from `src` to `dst`: "optimal" (cached, exact) or
+/// "heuristic" (MAP's greedy search, uncached, for comparison).
+#[pyfunction]
+#[pyo3(signature = (mesh, src, dst, shape, dtype_bytes = 4, method = "optimal"))]
+fn layout_path(
+    py: Python<'_>,
+    mesh: &Bound<'_, PyAny>,
+    src: &Bound<'_, PyAny>,
+    dst: &Bound<'_, PyAny>,
+    shape: Vec<usize>,
+    dtype_bytes: usize,
+    method: &str,
+) -> PyResult<PyPath> {
+    let (mesh, src, dst) = (native_mesh(mesh)?, native_spec(src)?, native_spec(dst)?);
+    let ctx = layout_context(&mesh, &shape, dtype_bytes);
+    match method {
+        "optimal" => {
+            let path = ctx.path(&src, &dst).py()?;
+            path_to_py(py, &path, ctx.problem())
+        }
+        "heuristic" => {
+            ctx.problem().validate(&src).py()?;
+            ctx.problem().validate(&dst).py()?;
+            let path = heuristic::heuristic_path(ctx.problem(), src, dst);
+            path_to_py(py, &path, ctx.problem())
+        }
+        other => Err(PyValueError::new_err(format!(
+            "unknown method {other:?}; expected \"optimal\" or \"heuristic\""
+        ))),
+    }
+}
+
+/// Forward and backward seconds of every (src, dst) pair, as two row-major
+/// float64 buffers (the Python side views them as numpy arrays).
+#[pyfunction]
+#[pyo3(signature = (mesh, srcs, dsts, shape, dtype_bytes = 4))]
+fn resharding_costs<'py>(
+    py: Python<'py>,
+    mesh: &Bound<'py, PyAny>,
+    srcs: Vec<Bound<'py, PyAny>>,
+    dsts: Vec<Bound<'py, PyAny>>,
+    shape: Vec<usize>,
+    dtype_bytes: usize,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    let mesh = native_mesh(mesh)?;
+    let srcs = srcs.iter().map(native_spec).collect::<PyResult<Vec<_>>>()?;
+    let dsts = dsts.iter().map(native_spec).collect::<PyResult<Vec<_>>>()?;
+    let ctx = layout_context(&mesh, &shape, dtype_bytes);
+    let m = py.detach(|| ctx.cost_matrix(&srcs, &dsts)).py()?;
+    let as_bytes = |v: &[f64]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+    Ok((
+        PyBytes::new(py, &as_bytes(&m.forward_s)),
+        PyBytes::new(py, &as_bytes(&m.backward_s)),
+    ))
+}
+
+/// Every valid spec of `shape` on `mesh`.
+#[pyfunction]
+fn enumerate_specs(shape: Vec<usize>, mesh: &Bound<'_, PyAny>) -> PyResult<Vec<PySpec>> {
+    let mesh = native_mesh(mesh)?;
+    Ok(
+        crate::sharding::enumerate::enumerate_specs(&shape, mesh.shape())
+            .into_iter()
+            .map(|inner| PySpec { inner })
+            .collect(),
+    )
+}
+
+/// (cache hits, searches) of the process-wide layout cache.
+#[pyfunction]
+fn layout_cache_stats() -> (u64, u64) {
+    cache_stats()
+}
+
+#[pyfunction(name = "clear_layout_cache")]
+fn py_clear_layout_cache() {
+    clear_layout_cache()
+}

@@ -1,0 +1,429 @@
+//! The signature-driven strategy generator. A node is described by letters:
+//! each dim of each operand carries a letter; equal letters are the same
+//! index (`bk,nk->bn` is a linear layer). Each mesh axis goes to at most one
+//! shardable letter (several axes to one letter in any order). Then:
+//!
+//! - every operand dim is split by the axes of its letter;
+//! - the work is split by every assigned axis;
+//! - axes on letters absent from the outputs (contracted) leave partial sums:
+//!   the node all-reduces them, or reduce-scatters them onto an output dim;
+//! - the gradient of an input is partial over the axes on letters that input
+//!   lacks (the batch for a weight, the output features for an activation of
+//!   a column-parallel layer): the backward all-reduces it. An additive input
+//!   (a bias) lacks contracted letters without its gradient being partial.
+
+use crate::sharding::mesh::{group_cost_s, Collective};
+use crate::sharding::spec::ShardingSpec;
+
+use super::Strategy;
+
+/// A node in letter form. Letters are indices into `letter_sizes`.
+#[derive(Debug, Clone)]
+pub struct EinsumSignature {
+    pub letter_sizes: Vec<usize>,
+    /// Letters that must not be split (softmax dims, conv windows, size-1 dims...).
+    pub unshardable: Vec<bool>,
+    pub inputs: Vec<Vec<usize>>,
+    pub outputs: Vec<Vec<usize>>,
+    /// Full (unsharded) size of each input and output, bytes.
+    pub input_bytes: Vec<f64>,
+    pub output_bytes: Vec<f64>,
+    /// Whether each input's gradient is needed (float tensors that require it).
+    pub input_needs_grad: Vec<bool>,
+    /// Inputs added to the result rather than multiplied into it (the bias of
+    /// a linear or a convolution): their gradient sums the output gradient
+    /// over the output letters they lack, never over contracted letters.
+    pub input_additive: Vec<bool>,
+    /// Forward + backward FLOPs of the whole node.
+    pub flops: f64,
+}
+
+/// Link model and compute speed the costs are priced with.
+#[derive(Debug, Clone)]
+pub struct CostModel {
+    pub mesh_shape: Vec<usize>,
+    pub alpha_s: Vec<f64>,
+    pub bandwidth_bytes_per_s: Vec<f64>,
+    pub flops_per_s: f64,
+}
+
+impl CostModel {
+    /// One collective over a set of mesh axes (one ring over all of them).
+    pub fn collective_s(&self, kind: Collective, bytes: f64, axes: &[usize]) -> f64 {
+        group_cost_s(
+            kind,
+            bytes,
+            axes,
+            &self.mesh_shape,
+            &self.alpha_s,
+            &self.bandwidth_bytes_per_s,
+        )
+    }
+}
+
+impl EinsumSignature {
+    fn check(&self) -> Result<(), String> {
+        let n = self.letter_sizes.len();
+        if self.unshardable.len() != n {
+            return Err("unshardable must have one entry per letter".into());
+        }
+        if self.input_bytes.len() != self.inputs.len()
+            || self.input_needs_grad.len() != self.inputs.len()
+            || self.input_additive.len() != self.inputs.len()
+            || self.output_bytes.len() != self.outputs.len()
+        {
+            return Err("byte sizes and grad flags must match the operands".into());
+        }
+        for operand in self.inputs.iter().chain(&self.outputs) {
+            if let Some(&l) = operand.iter().find(|&&l| l >= n) {
+                return Err(format!("letter {l} is out of range ({n} letters)"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Letters that appear in no output.
+    fn contracted(&self) -> Vec<bool> {
+        let mut c = vec![true; self.letter_sizes.len()];
+        for out in &self.outputs {
+            for &l in out {
+                c[l] = false;
+            }
+        }
+        c
+    }
+
+    /// A letter that appears twice in one operand (a diagonal) cannot be split.
+    fn splittable(&self) -> Vec<bool> {
+        let mut ok: Vec<bool> = self.unshardable.iter().map(|u| !u).collect();
+        for operand in self.inputs.iter().chain(&self.outputs) {
+            for (i, &l) in operand.iter().enumerate() {
+                if operand[..i].contains(&l) {
+                    ok[l] = false;
+                }
+            }
+        }
+        ok
+    }
+}
+
+/// Every valid strategy of `sig` on the cost model's mesh.
+pub fn einsum_strategies(sig: &EinsumSignature, cost: &CostModel) -> Result<Vec<Strategy>, String> {
+    sig.check()?;
+    let splittable = sig.splittable();
+    let contracted = sig.contracted();
+    // Axes of size 1 split nothing: leave them out so strategies are distinct.
+    let axes: Vec<usize> = (0..cost.mesh_shape.len())
+        .filter(|&a| cost.mesh_shape[a] > 1)
+        .collect();
+    let walk = Walk {
+        sig,
+        cost,
+        splittable: &splittable,
+        contracted: &contracted,
+        axes: &axes,
+    };
+    let mut per_letter: Vec<Vec<usize>> = vec![Vec::new(); sig.letter_sizes.len()];
+    let mut out = Vec::new();
+    walk.assign(0, &mut per_letter, &mut out);
+    Ok(out)
+}
+
+/// What stays fixed while axes are handed out to letters.
+struct Walk<'a> {
+    sig: &'a EinsumSignature,
+    cost: &'a CostModel,
+    splittable: &'a [bool],
+    contracted: &'a [bool],
+    axes: &'a [usize],
+}
+
+impl Walk<'_> {
+    /// Give axis `next` (and recursively the rest) to no letter or to a letter,
+    /// at any position among the axes the letter already has; price each result.
+    fn assign(&self, next: usize, per_letter: &mut Vec<Vec<usize>>, out: &mut Vec<Strategy>) {
+        if next == self.axes.len() {
+            price(self.sig, self.cost, self.contracted, per_letter, out);
+            return;
+        }
+        let axis = self.axes[next];
+        let n = self.cost.mesh_shape[axis];
+        self.assign(next + 1, per_letter, out);
+        for l in 0..self.sig.letter_sizes.len() {
+            let parts: usize = per_letter[l]
+                .iter()
+                .map(|&a| self.cost.mesh_shape[a])
+                .product();
+            if !self.splittable[l] || !self.sig.letter_sizes[l].is_multiple_of(parts * n) {
+                continue;
+            }
+            for pos in 0..=per_letter[l].len() {
+                per_letter[l].insert(pos, axis);
+                self.assign(next + 1, per_letter, out);
+                per_letter[l].remove(pos);
+            }
+        }
+    }
+}
+
+fn spec_of(operand: &[usize], per_letter: &[Vec<usize>]) -> ShardingSpec {
+    let dims: Vec<&[usize]> = operand.iter().map(|&l| per_letter[l].as_slice()).collect();
+    ShardingSpec::from_dims(&dims).expect("each axis sits on one letter")
+}
+
+fn shard_count(operand: &[usize], per_letter: &[Vec<usize>], mesh_shape: &[usize]) -> f64 {
+    operand
+        .iter()
+        .flat_map(|&l| &per_letter[l])
+        .map(|&a| mesh_shape[a] as f64)
+        .product()
+}
+
+fn price(
+    sig: &EinsumSignature,
+    cost: &CostModel,
+    contracted: &[bool],
+    per_letter: &[Vec<usize>],
+    out: &mut Vec<Strategy>,
+) {
+    let mesh = &cost.mesh_shape;
+    let all_assigned: f64 = per_letter
+        .iter()
+        .flatten()
+        .map(|&a| mesh[a] as f64)
+        .product();
+    let compute_s = sig.flops / all_assigned / cost.flops_per_s;
+    let partial: Vec<usize> = {
+        let mut p: Vec<usize> = (0..per_letter.len())
+            .filter(|&l| contracted[l])
+            .flat_map(|l| per_letter[l].clone())
+            .collect();
+        p.sort_unstable();
+        p
+    };
+    let inputs: Vec<ShardingSpec> = sig
+        .inputs
+        .iter()
+        .map(|op| spec_of(op, per_letter))
+        .collect();
+    let outputs: Vec<ShardingSpec> = sig
+        .outputs
+        .iter()
+        .map(|op| spec_of(op, per_letter))
+        .collect();
+    // Input gradients partial over the axes of letters the input lacks.
+    let mut backward_comm_s = 0.0;
+    let mut grad_reduce_axes = Vec::with_capacity(sig.inputs.len());
+    for (i, operand) in sig.inputs.iter().enumerate() {
+        let mut lacking: Vec<usize> = Vec::new();
+        if sig.input_needs_grad[i] {
+            let additive = sig.input_additive[i];
+            lacking = (0..per_letter.len())
+                .filter(|&l| !operand.contains(&l) && (!additive || !contracted[l]))
+                .flat_map(|l| per_letter[l].iter().copied())
+                .collect();
+            lacking.sort_unstable();
+        }
+        if !lacking.is_empty() {
+            let local = sig.input_bytes[i] / shard_count(operand, per_letter, mesh);
+            backward_comm_s += cost.collective_s(Collective::AllReduce, local, &lacking);
+        }
+        grad_reduce_axes.push(lacking);
+    }
+    let output_local: Vec<f64> = sig
+        .outputs
+        .iter()
+        .zip(&sig.output_bytes)
+        .map(|(op, &b)| b / shard_count(op, per_letter, mesh))
+        .collect();
+    // Partial sums made whole by an all-reduce: outputs as assigned.
+    let all_reduce_s: f64 = output_local
+        .iter()
+        .map(|&b| cost.collective_s(Collective::AllReduce, b, &partial))
+        .sum();
+    out.push(Strategy {
+        inputs: inputs.clone(),
+        outputs: outputs.clone(),
+        compute_s,
+        forward_comm_s: all_reduce_s,
+        backward_comm_s,
+        partial_axes: partial.clone(),
+        scatter_dim: None,
+        grad_reduce_axes: grad_reduce_axes.clone(),
+    });
+    // Or reduce-scattered onto one dim of a single output (its dual, an
+    // all-gather of the output gradient, runs in the backward).
+    if partial.is_empty() || sig.outputs.len() != 1 {
+        return;
+    }
+    let out_op = &sig.outputs[0];
+    let scatter = cost.collective_s(Collective::ReduceScatter, output_local[0], &partial);
+    let gather_grad = cost.collective_s(Collective::AllGather, output_local[0], &partial);
+    let extra: usize = partial.iter().map(|&a| mesh[a]).product();
+    for (d, &l) in out_op.iter().enumerate() {
+        if sig.unshardable[l] || out_op[..d].contains(&l) {
+            continue;
+        }
+        let parts: usize = per_letter[l].iter().map(|&a| mesh[a]).product();
+        if !sig.letter_sizes[l].is_multiple_of(parts * extra) {
+            continue;
+        }
+        let mut dims: Vec<Vec<usize>> = out_op.iter().map(|&x| per_letter[x].clone()).collect();
+        dims[d].extend(&partial);
+        let scattered =
+            ShardingSpec::from_dims(&dims).expect("partial axes are free in the output");
+        // An additive input (a bias) joins after the reduce-scatter: where it
+        // lacks the scattered letter, its gradient sums a split output gradient.
+        let mut grads = grad_reduce_axes.clone();
+        let mut bias_grad_s = 0.0;
+        for (i, operand) in sig.inputs.iter().enumerate() {
+            if sig.input_additive[i] && sig.input_needs_grad[i] && !operand.contains(&l) {
+                grads[i].extend(&partial);
+                grads[i].sort_unstable();
+                let local = sig.input_bytes[i] / shard_count(operand, per_letter, mesh);
+                bias_grad_s += cost.collective_s(Collective::AllReduce, local, &partial);
+            }
+        }
+        out.push(Strategy {
+            inputs: inputs.clone(),
+            outputs: vec![scattered],
+            compute_s,
+            forward_comm_s: scatter,
+            backward_comm_s: backward_comm_s + gather_grad + bias_grad_s,
+            partial_axes: partial.clone(),
+            scatter_dim: Some(d),
+            grad_reduce_axes: grads,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cost(mesh: &[usize]) -> CostModel {
+        CostModel {
+            mesh_shape: mesh.to_vec(),
+            alpha_s: vec![1e-5; mesh.len()],
+            bandwidth_bytes_per_s: vec![1e9; mesh.len()],
+            flops_per_s: 1e12,
+        }
+    }
+
+    /// y[b,n] = x[b,k] w[n,k] (a linear layer without bias).
+    fn linear(b: usize, k: usize, n: usize) -> EinsumSignature {
+        EinsumSignature {
+            letter_sizes: vec![b, k, n],
+            unshardable: vec![false; 3],
+            inputs: vec![vec![0, 1], vec![2, 1]],
+            outputs: vec![vec![0, 2]],
+            input_bytes: vec![(b * k * 4) as f64, (n * k * 4) as f64],
+            output_bytes: vec![(b * n * 4) as f64],
+            input_needs_grad: vec![true, true],
+            input_additive: vec![false, false],
+            flops: (6 * b * k * n) as f64,
+        }
+    }
+
+    fn find<'a>(s: &'a [Strategy], x: &str, w: &str, y: &str) -> Vec<&'a Strategy> {
+        s.iter()
+            .filter(|st| {
+                st.inputs[0].to_string() == x
+                    && st.inputs[1].to_string() == w
+                    && st.outputs[0].to_string() == y
+            })
+            .collect()
+    }
+
+    #[test]
+    fn linear_on_a_line_has_dp_column_row_and_replicated() {
+        let c = cost(&[4]);
+        let s = einsum_strategies(&linear(8, 16, 32), &c).unwrap();
+        // none, b, k (all-reduce + reduce-scatter onto b and n), n.
+        assert_eq!(s.len(), 1 + 1 + 3 + 1);
+        let dp = find(&s, "S0R", "RR", "S0R")[0];
+        // Weight gradient partial over the batch axis: all-reduce of the full weight.
+        assert!(
+            (dp.backward_comm_s - c.collective_s(Collective::AllReduce, 16.0 * 32.0 * 4.0, &[0]))
+                .abs()
+                < 1e-15
+        );
+        assert_eq!(dp.forward_comm_s, 0.0);
+        let column = find(&s, "RR", "S0R", "RS0")[0];
+        // Input gradient partial over the output features (Megatron's f).
+        assert!(
+            (column.backward_comm_s
+                - c.collective_s(Collective::AllReduce, 8.0 * 16.0 * 4.0, &[0]))
+            .abs()
+                < 1e-15
+        );
+        let row = find(&s, "RS0", "RS0", "RR")[0];
+        // Output partial over the contraction (Megatron's g).
+        assert!(
+            (row.forward_comm_s - c.collective_s(Collective::AllReduce, 8.0 * 32.0 * 4.0, &[0]))
+                .abs()
+                < 1e-15
+        );
+        assert_eq!(row.backward_comm_s, 0.0);
+        assert_eq!(find(&s, "RS0", "RS0", "S0R").len(), 1); // reduce-scatter onto b
+        assert!((row.compute_s - 6.0 * 8.0 * 16.0 * 32.0 / 4.0 / 1e12).abs() < 1e-18);
+        let rep = find(&s, "RR", "RR", "RR")[0];
+        assert!((rep.compute_s - 4.0 * row.compute_s).abs() < 1e-18);
+    }
+
+    #[test]
+    fn two_d_mesh_counts_and_divisibility() {
+        let c = cost(&[2, 2]);
+        let s = einsum_strategies(&linear(8, 16, 32), &c).unwrap();
+        // Assignments of two axes to none/b/k/n, with order on a shared letter:
+        // 1 + 3 + 3 (one axis) + 6 (distinct letters) + 6 (same letter) = 19;
+        // the 8 with an axis on k also reduce-scatter onto b or onto n: +16.
+        assert_eq!(s.len(), 35);
+        // b of size 2 cannot take both axes.
+        let s = einsum_strategies(&linear(2, 16, 32), &c).unwrap();
+        assert!(s.iter().all(|st| st.inputs[0].to_string() != "S01R"));
+        assert!(s.iter().all(|st| st.inputs[0].to_string() != "S10R"));
+    }
+
+    #[test]
+    fn bias_gradient_is_whole_under_a_split_contraction() {
+        let c = cost(&[4]);
+        let mut sig = linear(8, 16, 32);
+        sig.inputs.push(vec![2]);
+        sig.input_bytes.push(32.0 * 4.0);
+        sig.input_needs_grad.push(true);
+        sig.input_additive.push(true);
+        let s = einsum_strategies(&sig, &c).unwrap();
+        let row = s
+            .iter()
+            .find(|st| st.inputs[1].to_string() == "RS0" && st.scatter_dim.is_none())
+            .unwrap();
+        assert_eq!(row.grad_reduce_axes, vec![Vec::<usize>::new(); 3]);
+        // Reduce-scattered onto the batch: the bias lacks it, its gradient is partial.
+        let onto_batch = s
+            .iter()
+            .find(|st| st.inputs[1].to_string() == "RS0" && st.scatter_dim == Some(0))
+            .unwrap();
+        assert_eq!(onto_batch.grad_reduce_axes, vec![vec![], vec![], vec![0]]);
+        let onto_features = s
+            .iter()
+            .find(|st| st.inputs[1].to_string() == "RS0" && st.scatter_dim == Some(1))
+            .unwrap();
+        assert_eq!(onto_features.grad_reduce_axes, vec![Vec::<usize>::new(); 3]);
+        let dp = s
+            .iter()
+            .find(|st| st.inputs[0].to_string() == "S0R")
+            .unwrap();
+        assert_eq!(dp.grad_reduce_axes, vec![vec![], vec![0], vec![0]]);
+    }
+
+    #[test]
+    fn unshardable_and_diagonal_letters_stay_whole() {
+        let c = cost(&[4]);
+        let mut sig = linear(8, 16, 32);
+        sig.unshardable[1] = true; // k
+        let s = einsum_strategies(&sig, &c).unwrap();
+        assert!(s.iter().all(|st| st.inputs[1].to_string() != "RS0"));
+        assert_eq!(s.len(), 3);
+    }
+}
