@@ -16,7 +16,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "support"))
 
 STEPS, WARMUP = 12, 3
 SETTINGS = {"in-graph, per use": None, "buckets of 64 KiB": 64 * 2**10,

@@ -4,7 +4,7 @@ memory and FLOPs of a training step, and the cost of profiling large models on m
     python benches/profile_accuracy.py            # CPU accuracy table (+ CUDA if present)
     python benches/profile_accuracy.py --scale    # also GPT-2 XL and Llama-7B on meta
 
-Accuracy: for each model of ``tests/model_zoo.py`` (MLP, ResNet-style convnet with
+Accuracy: for each model of ``tests/support/model_zoo.py`` (MLP, ResNet-style convnet with
 BatchNorm + inplace ReLU, MobileNet-style convnet, torch.nn.TransformerEncoder, and
 GPT-2, BERT, Llama, ViT from small transformers configs), ``automap.trace.profiling.profile``
 estimates one AdamW training step without allocating; then the same step runs for real
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 import model_zoo  # noqa: E402
 from automap.trace.profiling import format_bytes, profile  # noqa: E402

@@ -151,6 +151,7 @@ def solve_rotor(
     bwd_tmp_bytes: Sequence[int] | None = None,
     bwd_comm_tmp_bytes: Sequence[int] | None = None,
     out_grad_bytes: Sequence[int] | None = None,
+    param_grad_bytes: Sequence[int] | None = None,
     input_bytes: int = 0,
     input_grad_bytes: int = 0,
     slots: int = ...,

@@ -12,7 +12,7 @@ import warnings
 import pytest
 
 import model_zoo
-from automap.checkpoint.linearize import linearize
+from automap.solve.linearize import linearize
 from automap.trace.tracing import trace
 
 logging.getLogger("transformers").setLevel(logging.ERROR)

@@ -11,11 +11,13 @@ Per stage and per device, under the strategies the plan chose:
   reductions forward, gradient reductions backward) and the layout
   conversions into them, forward and backward; a recomputed forward runs its
   collectives again and pays them again;
-- ``ω_a``: the local bytes of the stage's tensors that later stages read;
-  ``ω_ā``: those plus everything its nodes save for the backward (profiled,
-  scaled by the share of each node's tensors one device holds);
-- ``o_f``, ``o_b``: the largest forward and backward temporaries; ``o_fcomm``,
-  ``o_bcomm``: the largest tensor a stage's collectives produce.
+- memory from ``automap.solve.memory``'s model, the one the ILP bounds: ``ω_a``
+  the local bytes of the stage's tensors that later stages read; ``ω_ā`` those
+  plus what its nodes keep for the backward (less what they keep of earlier
+  stages' outputs, held as ``a_k``); ``o_f``, ``o_b`` the largest forward and
+  backward needs of its nodes (outputs, scratch, collective buffers,
+  conversions); the parameter gradients (and bucket copies) its backward makes,
+  which stay to the end; the state and inputs are the chain's persistent bytes.
 
 On one device (mesh ``(1,)``) every communication term is zero.
 """
@@ -25,10 +27,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from automap import _core
-from automap.checkpoint.linearize import linearize
 from automap.errors import StalePlanError
 from automap.sharding.layout import layout_path
 from automap.sharding.mesh import DeviceMesh
+from automap.solve.linearize import linearize
+from automap.solve.memory import plan_memory, timeline
 from automap.solve.strategies import ShardCounts, build_strategy_table
 
 
@@ -45,11 +48,14 @@ class Chain:
     saved_bytes: list[int] = field(default_factory=list)
     fwd_tmp_bytes: list[int] = field(default_factory=list)
     bwd_tmp_bytes: list[int] = field(default_factory=list)
-    fwd_comm_tmp_bytes: list[int] = field(default_factory=list)
-    bwd_comm_tmp_bytes: list[int] = field(default_factory=list)
+    #: Parameter gradients (and gradient bucket copies) the stage's backward
+    #: makes; they stay live to the optimizer step.
+    param_grad_bytes: list[int] = field(default_factory=list)
     #: Per device bytes that live through the whole step outside the chain:
-    #: parameter, gradient and optimizer-state shards, buffers and inputs.
+    #: parameter and optimizer-state shards, buffers and inputs.
     persistent_bytes: int = 0
+    #: The largest parameter shard (it sizes the optimizer step's temporaries).
+    largest_param_bytes: float = 0.0
 
     def __len__(self) -> int:
         return len(self.stages)
@@ -79,8 +85,8 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int],
     def local_bytes(info, spec: str) -> int:
         return int(info.nbytes // shard_count(spec))
 
-    # Conversions into each consumer, forward and backward seconds, local bytes.
-    into: dict[str, list[tuple[float, float, int]]] = {}
+    # Conversions into each consumer: forward and backward seconds.
+    into: dict[str, list[tuple[float, float]]] = {}
     for producer, o, consumer, k in table.edges():
         src = table.nodes[producer].out_specs[choice[producer]][o]
         dst = table.nodes[consumer].in_specs[choice[consumer]][k]
@@ -88,13 +94,16 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int],
             continue
         info = table.nodes[producer].outputs[o]
         path = layout_path(mesh, src, dst, info.shape, info.dtype_bytes)
-        into.setdefault(consumer, []).append(
-            (path.forward_cost_s, path.backward_cost_s, local_bytes(info, dst)))
+        into.setdefault(consumer, []).append((path.forward_cost_s, path.backward_cost_s))
 
+    line = timeline(table)
+    mem = plan_memory(table, choice, line)
+    held = plan_memory(table, choice, line, repeats) if repeats else mem
+    grads_at = mem.grads + mem.buckets
     chain = Chain(stages)
     for k, stage in enumerate(stages):
         fc = bc = fm = bm = 0.0
-        out = saved = ftmp = btmp = fcomm_tmp = bcomm_tmp = 0
+        out = saved = ftmp = btmp = grads = 0.0
         for name in stage:
             node = table.nodes.get(name)
             prof = profile.by_name.get(name)
@@ -107,38 +116,42 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int],
             bc += float(node.compute_s[c]) * (1 - fwd_share)
             fm += float(node.forward_comm_s[c])
             bm += float(node.backward_comm_s[c])
+            for f, b in into.get(name, []):
+                fm, bm = fm + f, bm + b
             specs = node.out_specs[c]
             outs = [local_bytes(info, spec) for info, spec in zip(node.outputs, specs)]
-            if float(node.forward_comm_s[c]) > 0 or float(node.backward_comm_s[c]) > 0:
-                fcomm_tmp = max(fcomm_tmp, max(outs, default=0))
-                bcomm_tmp = bcomm_tmp if not outs else max(bcomm_tmp, max(outs))
-            for f, b, nbytes in into.get(name, []):
-                fm, bm = fm + f, bm + b
-                fcomm_tmp, bcomm_tmp = max(fcomm_tmp, nbytes), max(bcomm_tmp, nbytes)
             # Tensors read by a later stage cross the boundary.
             if any(stage_of.get(u.name, -1) > k for u in graph_nodes[name].users):
                 out += sum(b for b, info in zip(outs, node.outputs) if info.is_float)
-            if prof is not None:
-                ratio = float(node.memory_ratio[c]) if node.memory_ratio is not None else 1.0
-                saved += int((prof.fwd_in_bytes + prof.fwd_tmp_bytes) * ratio)
-                ftmp = max(ftmp, int((prof.fwd_buffer_bytes + prof.fwd_out_bytes) * ratio))
-                btmp = max(btmp, int((prof.bwd_tmp_bytes + prof.bwd_out_bytes) * ratio))
+            i = line.position.get(name)
+            if i is None:
+                continue
+            saved += mem.saved[i]
+            if node.saved_input_bytes is not None:
+                # What it keeps of an earlier stage's output is that stage's a_k.
+                saved -= sum(float(node.saved_input_bytes[c, j])
+                             for j, (p, _) in enumerate(node.inputs)
+                             if stage_of.get(p, k) < k)
+            ftmp = max(ftmp, mem.fwd[i])
+            btmp = max(btmp, mem.bwd[i])
+            grads += grads_at[i]
         chain.fwd_compute_s.append(fc)
         chain.bwd_compute_s.append(bc)
         chain.fwd_comm_s.append(fm)
         chain.bwd_comm_s.append(bm)
-        chain.out_bytes.append(out)
-        chain.saved_bytes.append(out + saved)
-        chain.fwd_tmp_bytes.append(ftmp)
-        chain.bwd_tmp_bytes.append(btmp)
-        chain.fwd_comm_tmp_bytes.append(fcomm_tmp)
-        chain.bwd_comm_tmp_bytes.append(bcomm_tmp)
-    chain.persistent_bytes = persistent_bytes(table, choice, repeats)
+        chain.out_bytes.append(int(out))
+        chain.saved_bytes.append(int(out + max(0.0, saved)))
+        chain.fwd_tmp_bytes.append(int(ftmp))
+        chain.bwd_tmp_bytes.append(int(btmp))
+        chain.param_grad_bytes.append(int(grads))
+    chain.persistent_bytes = int(held.state_bytes + held.input_bytes)
+    chain.largest_param_bytes = held.largest_param_bytes
     return _repeat_stages(chain, repeats) if repeats else chain
 
 
 def _repeat_stages(chain: Chain, repeats: dict[str, int]) -> Chain:
-    out = Chain([], persistent_bytes=chain.persistent_bytes)
+    out = Chain([], persistent_bytes=chain.persistent_bytes,
+                largest_param_bytes=chain.largest_param_bytes)
     columns = [f for f in vars(chain) if isinstance(getattr(chain, f), list) and f != "stages"]
     times = [max((repeats.get(n, 1) for n in stage), default=1) for stage in chain.stages]
     k = 0
@@ -174,26 +187,6 @@ def choice_of_plan(table, plan) -> dict[str, int]:
     return choice
 
 
-def persistent_bytes(table, choice: dict[str, int], repeats: dict[str, int] | None = None
-                     ) -> int:
-    """Per device bytes of parameter, gradient and optimizer-state shards,
-    buffers and (local) inputs under ``choice`` (``repeats``: see
-    ``chain_of_plan``)."""
-    total = 0.0
-    repeats = repeats or {}
-    shard_count = ShardCounts(table.mesh)
-    for node in table.nodes.values():
-        if node.op != "placeholder" or not node.outputs:
-            continue
-        c = choice[node.name]
-        if node.kind == "input":
-            spec = node.out_specs[c][0]
-            total += node.outputs[0].nbytes / shard_count(spec)
-        else:
-            total += float(node.persistent_bytes[c]) * repeats.get(node.name, 1)
-    return int(total)
-
-
 #: Longest chain the rotor DP solves (its time grows as L^3): longer chains
 #: are coarsened by merging neighbouring stages.
 MAX_STAGES = 200
@@ -220,17 +213,17 @@ def coarsen(chain: Chain, max_stages: int = MAX_STAGES) -> Chain:
             start = k + 1
     if start < len(chain):
         groups.append((start, len(chain) - 1))
-    out = Chain([], persistent_bytes=chain.persistent_bytes)
+    out = Chain([], persistent_bytes=chain.persistent_bytes,
+                largest_param_bytes=chain.largest_param_bytes)
     for lo, hi in groups:
         parts = range(lo, hi + 1)
         out.stages.append([n for k in parts for n in chain.stages[k]])
-        for f in ("fwd_compute_s", "bwd_compute_s", "fwd_comm_s", "bwd_comm_s", "saved_bytes"):
+        for f in ("fwd_compute_s", "bwd_compute_s", "fwd_comm_s", "bwd_comm_s", "saved_bytes",
+                  "param_grad_bytes"):
             getattr(out, f).append(sum(getattr(chain, f)[k] for k in parts))
         out.out_bytes.append(chain.out_bytes[hi])
         for f in ("fwd_tmp_bytes", "bwd_tmp_bytes"):
             getattr(out, f).append(max(getattr(chain, f)[k] + chain.out_bytes[k] for k in parts))
-        for f in ("fwd_comm_tmp_bytes", "bwd_comm_tmp_bytes"):
-            getattr(out, f).append(max(getattr(chain, f)[k] for k in parts))
     return out
 
 
@@ -272,8 +265,7 @@ def solve_checkpointing(chain: Chain, activation_budget_bytes: int, slots: int =
         chain.saved_bytes,
         int(activation_budget_bytes), fwd_comm_s=chain.fwd_comm_s, bwd_comm_s=chain.bwd_comm_s,
         fwd_tmp_bytes=chain.fwd_tmp_bytes, bwd_tmp_bytes=chain.bwd_tmp_bytes,
-        fwd_comm_tmp_bytes=chain.fwd_comm_tmp_bytes, bwd_comm_tmp_bytes=chain.bwd_comm_tmp_bytes,
-        slots=slots)
+        param_grad_bytes=chain.param_grad_bytes, slots=slots)
     forwards = sum(1 for op, _ in found.ops if op != "backward")
     return Schedule(list(found.ops), list(found.blocks),
                     found.predicted_time_s - tie_s * forwards,

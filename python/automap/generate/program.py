@@ -1,8 +1,9 @@
 """``generate``: a Plan and its traced graph become this rank's ParallelModule
 (the passes of build, state, checkpoint and grad_sync, in order)."""
 
-
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -12,7 +13,7 @@ from automap.generate.build import defer_parameter_gradient_sync, generate_graph
 from automap.generate.checkpoint import wrap_checkpoint_blocks
 from automap.generate.grad_sync import DEFAULT_BUCKET_BYTES, GradientSync
 from automap.generate.module import ParallelModule, register_state
-from automap.generate.state import cut, full_tensors
+from automap.generate.state import StateShard, cut, full_tensors
 
 
 def generate(traced, plan, model: nn.Module, groups, *, device=None, local_inputs: bool = False,
@@ -28,23 +29,41 @@ def generate(traced, plan, model: nn.Module, groups, *, device=None, local_input
     parameter use, in the graph)."""
     device = torch.device(device or "cpu")
     rank = dist.get_rank()
+
+    def shard_values(shards: dict[str, StateShard]) -> dict[str, torch.Tensor]:
+        fulls = full_tensors(model, traced, list(shards), seed)
+        return {name: cut(fulls.pop(name), shard.spec, plan.mesh, rank).to(device)
+                for name, shard in shards.items()}
+
+    module = assemble(traced, plan, groups, rank, device, local_inputs, grad_bucket_bytes,
+                      shard_values)
+    module.graph._codegen = _pytree_codegen(traced)
+    module.recompile()
+    module.train(model.training)
+    return module
+
+
+def assemble(traced, plan, groups, rank: int, device: torch.device, local_inputs: bool,
+             grad_bucket_bytes: int | None,
+             shard_values: Callable[[dict[str, StateShard]], dict[str, torch.Tensor]]
+             ) -> ParallelModule:
+    """The module of ``rank``: the generated graph with its checkpoint regions, the
+    state shards ``shard_values`` gives for the graph's shards, and the bucketed
+    gradient sync. Called flat (one argument per traced user input)."""
     out = generate_graph(traced, plan, groups, rank, device, local_inputs)
     deferred = defer_parameter_gradient_sync(out) if grad_bucket_bytes is not None else []
     if plan.checkpoint is not None:
         wrap_checkpoint_blocks(out.graph, out.attrs, plan.checkpoint.stages,
                                plan.checkpoint.blocks)
     root = nn.Module()
-    fulls = full_tensors(model, traced, list(out.shards), seed)
-    for name, shard in out.shards.items():
+    for name, value in shard_values(out.shards).items():
+        shard = out.shards[name]
         state = traced.parameters.get(name) or traced.buffers.get(name) or traced.constants[name]
-        value = cut(fulls.pop(name), shard.spec, plan.mesh, rank).to(device)
         register_state(root, name, value, shard.kind, state.requires_grad)
     for attr, obj in out.attrs.items():
         setattr(root, attr, obj)
-    out.graph._codegen = _pytree_codegen(traced)
     module = ParallelModule(root, out.graph, class_name="ParallelModule")
     module.plan, module.groups, module.shards = plan, groups, out.shards
-    module.train(model.training)
     # Gradients come roughly in reverse order of first use.
     synced = [(module.get_parameter(name), groups.axis_group(axes))
               for name, axes in reversed(deferred)]

@@ -75,6 +75,11 @@ class Plan:
     checkpoint: CheckpointPlan | None = None
     #: The example inputs' form, shapes and dtypes (``automap.trace.example_inputs``).
     inputs: dict | None = None
+    #: What is live at the predicted peak, bytes by category, and where the peak
+    #: is (from the simulated step of the generated program when the plan was
+    #: verified, else from the planner's memory model).
+    memory_breakdown: dict = field(default_factory=dict)
+    memory_breakdown_at: str = ""
 
     # Serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -91,6 +96,8 @@ class Plan:
             "predicted_peak_memory_bytes": self.predicted_peak_memory_bytes,
             "memory_budget_bytes": self.memory_budget_bytes,
             "memory_binding": self.memory_binding,
+            "memory_breakdown": self.memory_breakdown,
+            "memory_breakdown_at": self.memory_breakdown_at,
             "unsupported_ops": self.unsupported_ops,
             "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None,
             "inputs": self.inputs,
@@ -122,6 +129,8 @@ class Plan:
             predicted_peak_memory_bytes=data["predicted_peak_memory_bytes"],
             memory_budget_bytes=data["memory_budget_bytes"],
             memory_binding=data["memory_binding"],
+            memory_breakdown=data.get("memory_breakdown", {}),
+            memory_breakdown_at=data.get("memory_breakdown_at", ""),
             graph_fingerprint=data["graph_fingerprint"],
             cost_constants=data["cost_constants"],
             solver=data["solver"],

@@ -9,17 +9,20 @@ import time
 from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
 
 from automap.checkpoint.chain import chain_of_plan, coarsen, solve_checkpointing
 from automap.checkpoint.record import CheckpointPlan
 from automap.errors import InfeasibleBudgetError, InvalidMeshError
+from automap.generate.simulate import simulate_step
 from automap.planner.plan import EdgePlan, NodePlan, Plan, current_versions, graph_fingerprint
 from automap.sharding.layout import layout_path
 from automap.sharding.mesh import DeviceMesh
 from automap.solve.blocks import detect_blocks
 from automap.solve.depth import instance_repeats, multiplicities, reduced_depth
 from automap.solve.ilp import solve_ilp
+from automap.solve.memory import estimate_memory, optimizer_temp_factor, timeline
 from automap.solve.strategies import build_strategy_table, restrict
 from automap.trace.example_inputs import describe_inputs
 
@@ -87,6 +90,7 @@ def plan(
     reduce_depth: bool = False,
     strategy_filter=None,
     checkpointing: str = "auto",
+    verify: bool = True,
     verbose: bool = False,
 ) -> Plan:
     """Search the intra-op sharding plan of ``model`` on ``mesh`` (a
@@ -100,7 +104,11 @@ def plan(
     intra-op plans for the looser budgets B * 1.25^n (n < 10), each made to
     fit B by activation checkpointing (the rotor DP), the fastest kept;
     ``"off"``: the intra-op plan alone must fit; ``"only"``: the fastest
-    intra-op plan, checkpointed to fit."""
+    intra-op plan, checkpointed to fit.
+
+    ``verify``: run one training step of the generated program on fake tensors
+    (``automap.generate.simulate``) and report its peak memory; within a budget,
+    plan again until it fits (unless ``reduce_depth``, whose plans are estimates)."""
     from automap.trace.profiling import profile_traced
     from automap.trace.tracing import default_loss, trace
 
@@ -118,7 +126,7 @@ def plan(
                       flops_per_s=flops_per_s, strict=strict, time_limit_s=time_limit_s,
                       merge_followers=merge_followers, tie_blocks=tie_blocks or bool(stacks),
                       stacks=stacks, strategy_filter=strategy_filter, trace_s=t1 - t0,
-                      checkpointing=checkpointing, verbose=verbose)
+                      checkpointing=checkpointing, verify=verify, verbose=verbose)
     found.inputs = describe_inputs(example_inputs)
     return found
 
@@ -127,7 +135,8 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 optimizer="adamw", flops_per_s=DEFAULT_FLOPS_PER_S, strict=False,
                 time_limit_s=60.0, merge_followers=True, tie_blocks=True, stacks=(),
                 strategy_filter=None, trace_s=0.0, verbose=False, checkpointing="auto",
-                ladder_alpha=LADDER_ALPHA, ladder_steps=LADDER_STEPS) -> Plan:
+                ladder_alpha=LADDER_ALPHA, ladder_steps=LADDER_STEPS, verify=True,
+                backend=None) -> Plan:
     """``plan`` for an already traced and profiled graph."""
     if checkpointing not in ("auto", "off", "only"):
         raise ValueError(f"checkpointing must be 'auto', 'off' or 'only', not {checkpointing!r}")
@@ -139,11 +148,13 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     t1 = time.perf_counter()
     blocks = detect_blocks(traced) if tie_blocks else []
     node_weight, edge_weight = multiplicities(blocks, list(stacks), list(table.edges()))
+    repeats = instance_repeats(blocks, list(stacks)) if stacks else None
+    line = timeline(table)
 
     def solve(budget):
         sol = solve_ilp(table, budget, time_limit_s=time_limit_s,
                         merge_followers=merge_followers, blocks=blocks, node_weight=node_weight,
-                        edge_weight=edge_weight)
+                        edge_weight=edge_weight, optimizer=optimizer)
         if verbose:
             print(f"automap: {sum(len(n) for n in table.nodes.values())} strategies in "
                   f"{t1 - t0:.2f} s; ILP (budget {_mib(budget)}) built in {sol.build_s:.2f} s, "
@@ -151,14 +162,55 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         return sol
 
     def package(sol, checkpoint=None):
+        estimate = estimate_memory(table, sol.choice, line, optimizer, node_weight)
         return _package(traced, table, sol, mesh, memory_budget_bytes, node_weight, edge_weight,
-                        blocks, stacks, flops_per_s, optimizer, trace_s, t1 - t0, checkpoint)
+                        blocks, stacks, flops_per_s, optimizer, trace_s, t1 - t0, checkpoint,
+                        estimate)
 
-    if memory_budget_bytes is None or checkpointing == "off":
-        return package(solve(memory_budget_bytes))
-    return _two_stage(traced, profile, table, memory_budget_bytes, solve, package,
-                      checkpointing, ladder_alpha, ladder_steps, verbose,
-                      instance_repeats(blocks, list(stacks)) if stacks else None)
+    def search(budget):
+        if budget is None or checkpointing == "off":
+            return package(solve(budget))
+        return _two_stage(traced, profile, table, budget, solve, package, checkpointing,
+                          ladder_alpha, ladder_steps, verbose, repeats)
+
+    found = search(memory_budget_bytes)
+    if not verify or stacks:
+        return found  # a depth-reduced plan is not generated: the model is the estimate
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    # The model bounds what the program allocates; the simulated step measures it.
+    # Where the model is short of it, plan again against a budget shrunk by the gap.
+    budget = memory_budget_bytes
+    for _ in range(VERIFY_ROUNDS):
+        simulated = simulate_step(traced, found, optimizer=optimizer, backend=backend)
+        modelled = found.predicted_peak_memory_bytes
+        found.predicted_peak_memory_bytes = float(simulated.peak_bytes)
+        found.memory_breakdown = dict(simulated.breakdown)
+        found.memory_breakdown_at = simulated.phase
+        found.solver["modelled_peak_bytes"] = modelled
+        found.solver["simulated"] = True
+        if memory_budget_bytes is None or simulated.peak_bytes <= memory_budget_bytes:
+            return found
+        budget = budget * min(modelled / simulated.peak_bytes, 1.0) * 0.995
+        if verbose:
+            print(f"automap: the simulated step needs {_mib(simulated.peak_bytes)}, over the "
+                  f"budget; planning again within {_mib(budget)}")
+        try:
+            found = search(budget)
+        except InfeasibleBudgetError as err:
+            raise InfeasibleBudgetError(
+                f"no plan fits a memory budget of {memory_budget_bytes:.4g} bytes per device: "
+                f"the best plan's simulated step needs {simulated.peak_bytes:.4g} bytes. "
+                "Raise the budget or use a larger mesh.",
+                max(err.smallest_feasible_budget_bytes or 0, int(simulated.peak_bytes))
+                if err.smallest_feasible_budget_bytes else int(simulated.peak_bytes)) from None
+    raise InfeasibleBudgetError(
+        f"no plan fits a memory budget of {memory_budget_bytes:.4g} bytes per device: the best "
+        f"plan's simulated step needs {found.predicted_peak_memory_bytes:.4g} bytes. Raise the "
+        "budget or use a larger mesh.", int(found.predicted_peak_memory_bytes))
+
+
+#: How often a plan whose simulated step exceeds the budget is planned again.
+VERIFY_ROUNDS = 4
 
 
 def _mib(budget) -> str:
@@ -169,53 +221,102 @@ def _two_stage(traced, profile, table, budget, solve, package, checkpointing, al
                verbose, repeats) -> Plan:
     """MAP's two-stage search (section 5.3): intra-op plans for a ladder of
     looser budgets, each made to fit the real ``budget`` by the rotor
-    checkpointing DP; the fastest combination wins. The ladder stops below
-    the unconstrained (fastest) intra-op plan's peak, and that plan is always
-    tried too; ``checkpointing="only"`` tries it alone."""
+    checkpointing DP; the fastest combination wins. The unconstrained (fastest)
+    intra-op plan is returned as it is when it fits; otherwise it is one more
+    rung, and the plain intra-op plan at ``budget`` is a candidate beside the
+    checkpointed ones. ``checkpointing="only"``: the fastest plan, checkpointed.
+    When nothing fits, the error names the least budget of the memory-minimal
+    and the fastest plan, each checkpointed as far as it goes (a property of the
+    model, mesh and options, not of the budget asked for)."""
     fastest = solve(None)
-    fastest_peak = fastest.peak_memory_bytes
-    # Rungs at or above the fastest plan's peak give the fastest plan: it is the last.
+    if fastest.peak_memory_bytes <= budget:
+        return package(fastest)
     rungs = [] if checkpointing == "only" else [
-        budget * (1 + alpha) ** n for n in range(steps) if budget * (1 + alpha) ** n < fastest_peak]
-    best, least, ilp_error = None, None, None
+        budget * (1 + alpha) ** n for n in range(steps)
+        if budget * (1 + alpha) ** n < fastest.peak_memory_bytes]
+    best = None
+
+    def consider(found):
+        nonlocal best
+        if best is None or found.predicted_step_s < best.predicted_step_s:
+            best = found
+
     for rung in [*rungs, None]:
         try:
             sol = solve(rung) if rung is not None else fastest
-        except InfeasibleBudgetError as err:
-            ilp_error = err
+        except InfeasibleBudgetError:
             continue
-        if rung is not None and rung <= budget:
-            # The intra-op plan fits alone: a candidate without checkpoints.
-            found = package(sol)
-            if best is None or found.predicted_step_s < best.predicted_step_s:
-                best = found
-        chain = coarsen(chain_of_plan(traced, profile, table, sol.choice, repeats))
-        try:
-            schedule = solve_checkpointing(chain, max(1, int(budget) - chain.persistent_bytes))
-        except InfeasibleBudgetError as err:
-            need = chain.persistent_bytes + (err.smallest_feasible_budget_bytes or 0)
-            least = need if least is None else min(least, need)
+        if sol.peak_memory_bytes <= budget:
+            consider(package(sol))  # fits without checkpoints
+            continue
+        schedule, chain = _checkpoint(traced, profile, table, sol, budget, repeats)
+        if schedule is None:
             if verbose:
-                print(f"automap: rung {_mib(rung)}: no schedule fits; it needs {_mib(need)}")
+                print(f"automap: rung {_mib(rung)}: no schedule fits")
             continue
         found = package(sol, CheckpointPlan.from_schedule(chain, schedule, rung))
         if verbose:
             print(f"automap: rung {_mib(rung)}: step {found.predicted_step_s * 1e3:.3f} ms "
                   f"(recomputation {schedule.recompute_time_s * 1e3:.3f} ms)")
-        if best is None or found.predicted_step_s < best.predicted_step_s:
-            best = found
+        consider(found)
     if best is None:
-        if least is None and ilp_error is not None:
-            raise ilp_error
+        least = _least_budget(traced, profile, table, solve, fastest, repeats)
         raise InfeasibleBudgetError(
             f"no plan fits a memory budget of {budget:.4g} bytes per device, even with "
             f"activation checkpointing; the smallest feasible budget is about {least:.4g} bytes "
-            f"({least / 2**30:.3f} GiB). Raise the budget or use a larger mesh.", least)
+            f"({least / 2**30:.3f} GiB). Raise the budget or use a larger mesh.", int(least))
     return best
 
 
+def _checkpoint(traced, profile, table, sol, budget, repeats):
+    """The rotor schedule of ``sol``'s chain within ``budget`` (None when none fits,
+    the optimizer step included), and the chain."""
+    chain = coarsen(chain_of_plan(traced, profile, table, sol.choice, repeats))
+    if _optimizer_step_bytes(chain, table) > budget:
+        return None, chain
+    try:
+        return solve_checkpointing(chain, max(1, int(budget) - chain.persistent_bytes)), chain
+    except InfeasibleBudgetError:
+        return None, chain
+
+
+def _optimizer_step_bytes(chain, table) -> float:
+    factor = optimizer_temp_factor(table.optimizer)
+    return chain.persistent_bytes + sum(chain.param_grad_bytes) + \
+        factor * chain.largest_param_bytes
+
+
+def _least_budget(traced, profile, table, solve, fastest, repeats) -> float:
+    """The least budget of the memory-minimal plain plan and of the memory-minimal
+    and fastest plans checkpointed as far as the rotor DP goes."""
+    candidates = []
+    try:
+        solve(1.0)
+    except InfeasibleBudgetError as err:
+        if err.smallest_feasible_budget_bytes:
+            candidates.append(float(err.smallest_feasible_budget_bytes))
+            try:
+                leanest = solve(float(err.smallest_feasible_budget_bytes) * 1.000001)
+                candidates.append(_checkpointed_least(traced, profile, table, leanest, repeats))
+            except InfeasibleBudgetError:
+                pass
+    candidates.append(_checkpointed_least(traced, profile, table, fastest, repeats))
+    return min(candidates)
+
+
+def _checkpointed_least(traced, profile, table, sol, repeats) -> float:
+    chain = coarsen(chain_of_plan(traced, profile, table, sol.choice, repeats))
+    try:
+        schedule = solve_checkpointing(chain, 1)
+        activations = schedule.peak_memory_bytes
+    except InfeasibleBudgetError as err:
+        activations = err.smallest_feasible_budget_bytes or 0
+    return max(chain.persistent_bytes + activations, _optimizer_step_bytes(chain, table))
+
+
 def _package(traced, table, sol, mesh, memory_budget_bytes, node_weight, edge_weight, blocks,
-             stacks, flops_per_s, optimizer, trace_s, strategies_s, checkpoint) -> Plan:
+             stacks, flops_per_s, optimizer, trace_s, strategies_s, checkpoint,
+             estimate) -> Plan:
     nodes: dict[str, NodePlan] = {}
     compute = comm = 0.0
     for name, node in table.nodes.items():
@@ -246,6 +347,13 @@ def _package(traced, table, sol, mesh, memory_budget_bytes, node_weight, edge_we
                               info.dtype_bytes, [repr(s) for s in path.steps], path.cost_s))
         comm += edge_weight.get((producer, o, consumer, k), 1.0) * path.cost_s
     recompute = checkpoint.recompute_s if checkpoint is not None else 0.0
+    peak, breakdown, at = estimate.peak_bytes, dict(estimate.breakdown), estimate.at
+    if checkpoint is not None:
+        activations = checkpoint.predicted_activation_peak_bytes
+        peak = max(checkpoint.persistent_bytes + activations, estimate.optimizer_step_bytes)
+        breakdown = {"parameters and optimizer state, inputs": checkpoint.persistent_bytes,
+                     "activations, gradients and temporaries (checkpointed)": activations}
+        at = "the checkpointed step"
     return Plan(
         mesh=mesh,
         nodes=nodes,
@@ -253,9 +361,9 @@ def _package(traced, table, sol, mesh, memory_budget_bytes, node_weight, edge_we
         predicted_step_s=compute + comm + recompute,
         predicted_compute_s=compute,
         predicted_communication_s=comm,
-        predicted_peak_memory_bytes=(
-            sol.peak_memory_bytes if checkpoint is None
-            else checkpoint.persistent_bytes + checkpoint.predicted_activation_peak_bytes),
+        predicted_peak_memory_bytes=peak,
+        memory_breakdown=breakdown,
+        memory_breakdown_at=at,
         memory_budget_bytes=memory_budget_bytes,
         memory_binding=sol.memory_binding or recompute > 0,
         graph_fingerprint=graph_fingerprint(traced),

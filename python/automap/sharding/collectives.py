@@ -15,10 +15,47 @@ along the group's axes (``AxisGroup.index``), whatever torch's member order.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
+
 import torch
 import torch.distributed as dist
 
 from automap.sharding.process_groups import AxisGroup
+
+#: What the tensors allocated now are for ("communication" inside a collective), for
+#: the memory breakdown of a simulated step (``automap.generate.simulate``).
+buffer_tag: contextvars.ContextVar[str | None] = contextvars.ContextVar("automap_buffer_tag",
+                                                                        default=None)
+
+
+@contextlib.contextmanager
+def tagged(tag: str):
+    """Tensors allocated inside are counted as ``tag`` by a simulated step."""
+    token = buffer_tag.set(tag)
+    try:
+        yield
+    finally:
+        buffer_tag.reset(token)
+
+
+def _communication(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with tagged("communication"):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _staged_by_gloo(g: AxisGroup, like: torch.Tensor) -> None:
+    """What a simulated collective allocates besides its result: gloo stages
+    ``all_gather_into_tensor`` through a copy of the output and
+    ``reduce_scatter_tensor`` through a copy of the input (measured with the
+    profiler's memory events); NCCL works in place."""
+    if g.group.backend == "gloo":
+        torch.empty_like(like)
 
 
 def _merge_leading(stacked: torch.Tensor, dim: int) -> torch.Tensor:
@@ -37,49 +74,62 @@ def _stack_chunks(x: torch.Tensor, dim: int, n: int, order) -> torch.Tensor:
     return torch.stack(chunks).contiguous()
 
 
+@_communication
 def _gather(x: torch.Tensor, dim: int, g: AxisGroup) -> torch.Tensor:
     if g.size == 1:
         return x
     x = x.contiguous()
     out = x.new_empty((g.size * x.shape[0],) + tuple(x.shape[1:]))
-    dist.all_gather_into_tensor(out, x, group=g.group)
+    if not g.simulated:
+        dist.all_gather_into_tensor(out, x, group=g.group)
+    else:
+        _staged_by_gloo(g, out)
     stacked = out.view((g.size,) + tuple(x.shape))
     if g.shard_of_group_rank is not None:
         stacked = stacked[list(g.group_rank_of_shard)]
     return _merge_leading(stacked, dim)
 
 
+@_communication
 def _split(x: torch.Tensor, dim: int, g: AxisGroup) -> torch.Tensor:
     if g.size == 1:
         return x
     return x.chunk(g.size, dim)[g.index].contiguous()
 
 
+@_communication
 def _all_to_all(x: torch.Tensor, src_dim: int, dst_dim: int, g: AxisGroup) -> torch.Tensor:
     if g.size == 1:
         return x
     send = _stack_chunks(x, dst_dim, g.size, g.shard_of_group_rank)
     recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=g.group)
+    if not g.simulated:
+        dist.all_to_all_single(recv, send, group=g.group)
     if g.shard_of_group_rank is not None:
         recv = recv[list(g.group_rank_of_shard)]
     return _merge_leading(recv, src_dim)
 
 
+@_communication
 def _all_reduce(x: torch.Tensor, g: AxisGroup) -> torch.Tensor:
     if g.size == 1:
         return x
     out = x.contiguous().clone()
-    dist.all_reduce(out, group=g.group)
+    if not g.simulated:
+        dist.all_reduce(out, group=g.group)
     return out
 
 
+@_communication
 def _reduce_scatter(x: torch.Tensor, dim: int, g: AxisGroup) -> torch.Tensor:
     if g.size == 1:
         return x
     send = _stack_chunks(x, dim, g.size, g.shard_of_group_rank)
     out = send.new_empty(send.shape[1:])
-    dist.reduce_scatter_tensor(out, send.view((-1,) + tuple(send.shape[2:])), group=g.group)
+    if not g.simulated:
+        dist.reduce_scatter_tensor(out, send.view((-1,) + tuple(send.shape[2:])), group=g.group)
+    else:
+        _staged_by_gloo(g, send)
     return out
 
 

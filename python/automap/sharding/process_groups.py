@@ -13,6 +13,14 @@ from automap.errors import InvalidMeshError
 
 
 @dataclass(frozen=True)
+class SimulatedProcessGroup:
+    """The ``group`` of an ``AxisGroup`` of ``SimulatedGroups``: collectives on it
+    allocate what they would on ``backend`` and communicate nothing."""
+
+    backend: str
+
+
+@dataclass(frozen=True)
 class AxisGroup:
     """This rank's group along some mesh axes.
 
@@ -25,6 +33,10 @@ class AxisGroup:
     size: int
     index: int
     shard_of_group_rank: tuple[int, ...] | None
+
+    @property
+    def simulated(self) -> bool:
+        return isinstance(self.group, SimulatedProcessGroup)
 
     @property
     def group_rank_of_shard(self) -> tuple[int, ...] | None:
@@ -94,3 +106,27 @@ class MeshProcessGroups:
             result = AxisGroup(pg, axes, size, index, None if identity else order)
         self._axis_groups[axes] = result
         return result
+
+
+class SimulatedGroups:
+    """The groups of one ``rank`` of ``mesh`` without a process group: for running
+    the generated program on fake tensors (``automap.generate.simulate``), where
+    each collective allocates what it would on ``backend`` ("gloo" or "nccl") and
+    communicates nothing."""
+
+    def __init__(self, mesh, rank: int, backend: str = "gloo") -> None:
+        if rank not in mesh.ranks:
+            raise InvalidMeshError(f"rank {rank} is not in the mesh {mesh.ranks}")
+        self.mesh = mesh
+        self.rank = rank
+        self.device = None
+        self.in_mesh = True
+        self.coordinate = mesh.coordinate(rank)
+        self.group = SimulatedProcessGroup(backend)
+
+    def axis_group(self, axes) -> AxisGroup:
+        axes = (axes,) if isinstance(axes, int) else tuple(axes)
+        members = next(g for g in self.mesh.axis_groups(list(axes)) if self.rank in g)
+        if len(members) == 1:
+            return AxisGroup(None, axes, 1, 0, None)
+        return AxisGroup(self.group, axes, len(members), members.index(self.rank), None)

@@ -12,10 +12,9 @@
   problem does not grow with depth; boundary edges stay exact.
 - Objective: estimated step time in seconds (compute + node collectives +
   conversions, forward and backward).
-- Memory: parameters, gradients and optimizer states of the chosen shards,
-  plus every activation saved for the backward (all are live when the
-  backward starts), plus the largest temporary of any node (a variable
-  bounded below by each node's), must fit the budget.
+- Memory: the rows of ``automap.solve.memory``'s model (the forward and the
+  backward of every node where memory changes, and the optimizer step) must
+  fit the budget; running sums keep the rows short.
 Coefficients are gathered as numpy arrays per node and per edge, never one
 Python call per coefficient.
 """
@@ -30,7 +29,8 @@ import numpy as np
 
 from automap.errors import InfeasibleBudgetError, SolverTimeLimitError
 from automap.sharding.layout import resharding_cost_matrix
-from automap.solve.strategies import StrategyTable
+from automap.solve.memory import edge_memory, estimate_memory, optimizer_temp_factor, timeline
+from automap.solve.strategies import ShardCounts, StrategyTable
 
 
 @dataclass
@@ -87,6 +87,8 @@ class _Builder:
         self.entry_val.append(vals)
 
     def lp(self, cost_override=None):
+        if not self.ncol:  # nothing to choose: one idle column keeps HiGHS's model valid
+            self.columns([0.0], integer=False)
         lp = highspy.HighsLp()
         lp.num_col_ = self.ncol
         lp.num_row_ = len(self.rows_lo)
@@ -101,6 +103,13 @@ class _Builder:
         vals = np.concatenate(self.entry_val) if self.entry_val else np.zeros(0)
         order = np.lexsort((rows, cols))
         rows, cols, vals = rows[order], cols[order], vals[order]
+        if len(rows):
+            # Tied nodes put the same column into one row more than once: add them.
+            first = np.ones(len(rows), dtype=bool)
+            first[1:] = (rows[1:] != rows[:-1]) | (cols[1:] != cols[:-1])
+            groups = np.cumsum(first) - 1
+            vals = np.bincount(groups, weights=vals)
+            rows, cols = rows[first], cols[first]
         starts = np.searchsorted(cols, np.arange(self.ncol + 1))
         lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
         lp.a_matrix_.start_ = starts.astype(np.int32)
@@ -121,6 +130,7 @@ def solve_ilp(
     blocks: list | None = None,
     node_weight: dict[str, float] | None = None,
     edge_weight: dict[tuple, float] | None = None,
+    optimizer: str = "adamw",
 ) -> IlpSolution:
     """Choose one strategy per node minimising the estimated step time under
     the memory budget (None: unconstrained). ``merge_followers`` shrinks the
@@ -144,6 +154,7 @@ def solve_ilp(
                   for r, vs in members.items()}
     cols: dict[str, np.ndarray] = {}
     constant_s = 0.0
+    memory = _MemoryRows(table, optimizer) if memory_budget_bytes is not None else None
 
     # Edges first (they may fold costs into node costs).
     edge_blocks: dict[tuple, list] = {}
@@ -161,10 +172,17 @@ def solve_ilp(
         if k == 0 and _in_place(nodes[consumer].op):
             # The op writes into this input: it must arrive as produced.
             r = np.where(ua[:, None] == ub[None, :], r, r + _FORBIDDEN_S)
-        if not r.any():
-            continue
+        mem = None
+        if memory is not None and consumer in memory.line.position:
+            mem = edge_memory(table, memory.line, (producer, o, consumer, k), list(ua),
+                              list(ub), memory.shard_count)
+            if not any(m.any() for m in mem):
+                mem = None
+        key = None
         if ru == rv:
             group_cost[ru] = group_cost[ru] + r[a_idx, b_idx]
+        elif not r.any():
+            pass
         elif len(ua) == 1 and len(ub) == 1:
             constant_s += float(r[0, 0])
         elif len(ua) == 1:
@@ -178,6 +196,8 @@ def solve_ilp(
                 edge_blocks[key][4] += r
             else:
                 edge_blocks[key] = [ru, a_idx, rv, b_idx, r]
+        if mem is not None:
+            memory.edge_terms.append((consumer, ru, a_idx, rv, b_idx, key, mem))
 
     for r in members:
         if len(nodes[r]) > 1:
@@ -188,9 +208,11 @@ def solve_ilp(
             constant_s += float(group_cost[r][0])
 
     num_edge_vars = 0
-    for producer, a_idx, consumer, b_idx, r in edge_blocks.values():
+    edge_cols: dict[tuple, np.ndarray] = {}
+    for key, (producer, a_idx, consumer, b_idx, r) in edge_blocks.items():
         na, nb = r.shape
         ecols = b.columns(r.ravel(), integer=False)
+        edge_cols[key] = ecols
         num_edge_vars += len(ecols)
         grid_a = np.repeat(np.arange(na), nb)
         grid_b = np.tile(np.arange(nb), na)
@@ -209,41 +231,17 @@ def solve_ilp(
             b.entries(rows, cols[root[name]], 1.0)
             b.entries(rows, cols[root[node.tied_to]], -1.0)
 
-    # Memory: persistent + saved + the largest temporary, in units of the
-    # budget: raw byte counts next to one-hot coefficients of 1 exceed
-    # HiGHS's numerical range on large models.
+    budget_col = None
     mem_unit = float(memory_budget_bytes) if memory_budget_bytes else 1.0
-    memory_coef: dict[str, np.ndarray] = {}
-    memory_const = 0.0
-    largest_fixed_temp = 0.0
-    z = b.columns([0.0], integer=False, upper=highspy.kHighsInf)[0]
-    for r, vs in members.items():
-        m = sum((nodes[v].persistent_bytes[index[v]] + nodes[v].saved_bytes[index[v]])
-                * nw.get(v, 1.0) for v in vs)
-        temp = np.max([nodes[v].transient_bytes[index[v]] for v in vs], axis=0)
-        if r in cols:
-            memory_coef[r] = m
-            if temp.any() and memory_budget_bytes is not None:
-                row = b.rows(0.0, highspy.kHighsInf)
-                b.entries([row[0]], [z], 1.0)
-                b.entries(np.repeat(row, len(temp)), cols[r], -temp / mem_unit)
-        else:
-            memory_const += float(m[0])
-            largest_fixed_temp = max(largest_fixed_temp, float(temp[0]))
-    memory_row = None
-    if memory_budget_bytes is not None:
-        memory_row = b.rows(-highspy.kHighsInf,
-                            (float(memory_budget_bytes) - memory_const) / mem_unit)[0]
-        for r, coef in memory_coef.items():
-            b.entries(np.full(len(coef), memory_row), cols[r], coef / mem_unit)
-        b.entries([memory_row], [z], 1.0)
+    if memory is not None:
+        budget_col = memory.build(b, members, root, index, cols, edge_cols, nw, mem_unit)
     lp = b.lp()
     # Costs in microseconds: HiGHS's tolerances are absolute, step times small.
     lp.col_cost_ = np.asarray(lp.col_cost_) * _US
-    # The largest temporary is at least that of any node without a choice.
-    lower = np.asarray(lp.col_lower_)
-    lower[z] = largest_fixed_temp / mem_unit  # z is in budget units, like the memory row
-    lp.col_lower_ = lower
+    if budget_col is not None:  # the budget is a fixed variable of the memory rows
+        lower, upper = np.asarray(lp.col_lower_), np.asarray(lp.col_upper_)
+        lower[budget_col] = upper[budget_col] = float(memory_budget_bytes) / mem_unit
+        lp.col_lower_, lp.col_upper_ = lower, upper
     build_s = time.perf_counter() - start
 
     h = _highs(time_limit_s, mip_rel_gap)
@@ -254,8 +252,7 @@ def solve_ilp(
     info = h.getInfo()
     has_solution = info.primal_solution_status == 2  # feasible
     if status == highspy.HighsModelStatus.kInfeasible:
-        smallest = _smallest_feasible_budget(lp, cols, memory_coef, z, memory_const, mem_unit,
-                                             time_limit_s)
+        smallest = _smallest_feasible_budget(lp, budget_col, mem_unit, time_limit_s)
         known = np.isfinite(smallest)
         raise InfeasibleBudgetError(
             f"no plan fits a memory budget of {memory_budget_bytes:.4g} bytes per device; "
@@ -271,9 +268,8 @@ def solve_ilp(
     x = np.asarray(h.getSolution().col_value)
     root_choice = {r: (int(np.argmax(x[cols[r]])) if r in cols else 0) for r in members}
     choice = {v: int(index[v][root_choice[root[v]]]) for v in nodes}
-    peak = memory_const + sum(float(memory_coef[r][root_choice[r]]) for r in memory_coef)
-    peak += max([largest_fixed_temp] + [float(nodes[v].transient_bytes[choice[v]])
-                                        for v in nodes])
+    line = memory.line if memory is not None else timeline(table)
+    peak = estimate_memory(table, choice, line, optimizer, nw).peak_bytes
     binding = memory_budget_bytes is not None and peak >= 0.999 * float(memory_budget_bytes)
     return IlpSolution(
         choice=choice,
@@ -288,6 +284,147 @@ def solve_ilp(
         num_edge_variables=num_edge_vars,
         num_rows=lp.num_row_,
     )
+
+
+class _MemoryRows:
+    """The rows of ``automap.solve.memory``'s model, bounded by the budget: a
+    variable for the state and inputs, running sums of the bytes saved up to each
+    node and of the gradients (and bucket copies) from each node on, and a row
+    for the forward and the backward of every node where memory changes, plus
+    one for the optimizer step. The budget is a variable fixed to its value, so
+    that the least feasible budget is the same model with it freed and minimised."""
+
+    def __init__(self, table: StrategyTable, optimizer: str) -> None:
+        self.table = table
+        self.line = timeline(table)
+        self.shard_count = ShardCounts(table.mesh)
+        self.opt_factor = optimizer_temp_factor(optimizer)
+        # (consumer, producer root, a_idx, consumer root, b_idx, edge block key, matrices)
+        self.edge_terms: list[tuple] = []
+
+    def build(self, b: _Builder, members, root, index, cols, edge_cols, nw, unit) -> int:
+        nodes, line = self.table.nodes, self.line
+        n = len(line)
+        kinds = ("saved", "later", "fwd", "bwd")
+        terms = {k: [[] for _ in range(n)] for k in kinds}
+        consts = {k: np.zeros(n) for k in kinds}
+        base, grads, opt = [], [], []
+        base_const = grad_const = opt_const = 0.0
+
+        def add(kind, i, r, coef):
+            if r in cols:
+                terms[kind][i].append((cols[r], coef / unit))
+            else:
+                consts[kind][i] += float(coef[0]) / unit
+
+        for v, node in nodes.items():
+            r, idx, w = root[v], index[v], nw.get(v, 1.0)
+            held = (node.state_bytes + node.input_bytes)[idx] * w
+            if held.any():
+                if r in cols:
+                    base.append((cols[r], held / unit))
+                else:
+                    base_const += float(held[0]) / unit
+            if node.kind == "parameter" and node.grad_bytes.any():
+                g = node.grad_bytes[idx]
+                add("later", line.grad_position[v], r, g * w)
+                if r in cols:
+                    grads.append((cols[r], g * w / unit))
+                    opt.append((cols[r], self.opt_factor * g / unit))
+                else:
+                    grad_const += float(g[0]) * w / unit
+                    opt_const = max(opt_const, self.opt_factor * float(g[0]) / unit)
+            i = line.position.get(v)
+            if i is None:
+                continue
+            for kind, column, weight in (("saved", node.saved_bytes, w),
+                                         ("later", node.bucket_bytes, w),
+                                         ("fwd", node.fwd_transient_bytes, 1.0),
+                                         ("bwd", node.bwd_transient_bytes, 1.0)):
+                coef = column[idx] * weight
+                if coef.any():
+                    add(kind, i, r, coef)
+        for consumer, ru, a_idx, rv, b_idx, key, matrices in self.edge_terms:
+            i = line.position[consumer]
+            w = nw.get(consumer, 1.0)
+            for kind, m in zip(("fwd", "bwd", "saved"), matrices):
+                if not m.any():
+                    continue
+                if kind == "saved":
+                    m = m * w
+                if ru == rv:
+                    add(kind, i, ru, m[a_idx, b_idx])
+                elif key is not None:
+                    terms[kind][i].append((edge_cols[key], m.ravel() / unit))
+                elif m.shape == (1, 1):
+                    consts[kind][i] += float(m[0, 0]) / unit
+                elif m.shape[0] == 1:
+                    add(kind, i, rv, m[0, b_idx])
+                elif m.shape[1] == 1:
+                    add(kind, i, ru, m[a_idx, 0])
+                else:  # a conversion that costs no time (a split): its worst case
+                    add(kind, i, rv, m.max(axis=0)[b_idx])
+
+        inf = highspy.kHighsInf
+        budget = b.columns([0.0], integer=False, upper=inf)[0]
+        total = b.columns([0.0], integer=False, upper=inf)[0]  # state + inputs
+        self._sum(b, total, base, base_const)
+
+        def running(kind, order):
+            """The running sum of ``kind`` over positions in ``order``: its variable
+            at each position (None while it is zero)."""
+            current, out = None, [None] * n
+            for i in order:
+                if terms[kind][i] or consts[kind][i]:
+                    var = b.columns([0.0], integer=False, upper=inf)[0]
+                    parts = list(terms[kind][i])
+                    if current is not None:
+                        parts.append((np.array([current]), np.array([1.0])))
+                    self._sum(b, var, parts, consts[kind][i])
+                    current = var
+                out[i] = current
+            return out
+
+        kept = running("saved", range(n))
+        later = running("later", range(n - 1, -1, -1))
+
+        def row(parts, const):
+            r = b.rows(-inf, -const)[0]
+            for c, coef in parts:
+                b.entries(np.full(len(c), r), c, coef)
+            b.entries([r], [total], 1.0)
+            b.entries([r], [budget], -1.0)
+
+        for i in range(n):
+            prev = kept[i - 1] if i else None
+            if terms["fwd"][i] or consts["fwd"][i]:
+                row(terms["fwd"][i] + _var(prev), consts["fwd"][i])
+            changes = terms["saved"][i] or terms["later"][i] or terms["bwd"][i]
+            if changes or consts["bwd"][i] or consts["saved"][i] or consts["later"][i]:
+                row(terms["bwd"][i] + _var(kept[i]) + _var(later[i]), consts["bwd"][i])
+        # The optimizer step: every gradient and the largest shard's temporaries.
+        grad_total = b.columns([0.0], integer=False, upper=inf)[0]
+        self._sum(b, grad_total, grads, grad_const)
+        opt_temp = b.columns([0.0], integer=False, upper=inf)[0]
+        for c, coef in opt:
+            rows = b.rows(np.zeros(len(c)), np.full(len(c), inf))
+            b.entries(rows, np.full(len(c), opt_temp), 1.0)
+            b.entries(rows, c, -coef)
+        r = b.rows(-inf, -opt_const)[0]
+        b.entries([r, r, r, r], [total, grad_total, opt_temp, budget], [1.0, 1.0, 1.0, -1.0])
+        return budget
+
+    @staticmethod
+    def _sum(b: _Builder, var: int, parts, const: float) -> None:
+        """``var = Σ parts + const``."""
+        r = b.rows(const, const)[0]
+        b.entries([r], [var], 1.0)
+        for c, coef in parts:
+            b.entries(np.full(len(c), r), c, -coef)
+
+
+def _var(col: int | None) -> list:
+    return [] if col is None else [(np.array([col]), np.array([1.0]))]
 
 
 _US = 1e6
@@ -357,20 +494,18 @@ def _highs(time_limit_s: float, mip_rel_gap: float) -> highspy.Highs:
     return h
 
 
-def _smallest_feasible_budget(lp, cols, memory_coef, z, memory_const, mem_unit,
-                              time_limit_s) -> float:
-    """Minimum of the memory expression over all plans (the memory row dropped)."""
+def _smallest_feasible_budget(lp, budget_col, mem_unit, time_limit_s) -> float:
+    """The least budget any plan fits: the memory rows' budget variable, freed
+    and minimised."""
     cost = np.zeros(lp.num_col_)
-    for name, coef in memory_coef.items():
-        cost[cols[name]] = coef / mem_unit
-    cost[z] = 1.0
+    cost[budget_col] = 1.0
     lp.col_cost_ = cost
-    upper, lower = np.asarray(lp.row_upper_), np.asarray(lp.row_lower_)
-    # Drop the memory row (the only one bounded above and not below).
-    lp.row_upper_ = np.where(np.isfinite(upper) & ~np.isfinite(lower), highspy.kHighsInf, upper)
+    lower, upper = np.asarray(lp.col_lower_), np.asarray(lp.col_upper_)
+    lower[budget_col], upper[budget_col] = 0.0, highspy.kHighsInf
+    lp.col_lower_, lp.col_upper_ = lower, upper
     h = _highs(time_limit_s, 1e-6)
     h.passModel(lp)
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return float("nan")
-    return float(h.getInfo().objective_function_value) * mem_unit + memory_const
+    return float(h.getInfo().objective_function_value) * mem_unit

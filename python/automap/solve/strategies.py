@@ -32,6 +32,12 @@ class TensorInfo:
         return math.prod(self.shape) * self.dtype_bytes
 
 
+#: The per-strategy arrays of a ``NodeOptions`` (index-aligned with its specs).
+PER_STRATEGY = ("compute_s", "forward_comm_s", "backward_comm_s", "state_bytes", "grad_bytes",
+                "input_bytes", "saved_bytes", "fwd_transient_bytes", "bwd_transient_bytes",
+                "bucket_bytes")
+
+
 @dataclass
 class NodeOptions:
     """The strategies of one node, index-aligned arrays."""
@@ -46,17 +52,31 @@ class NodeOptions:
     compute_s: np.ndarray
     forward_comm_s: np.ndarray
     backward_comm_s: np.ndarray
-    persistent_bytes: np.ndarray  # parameters, their gradients and optimizer state; buffers
-    saved_bytes: np.ndarray  # activations kept for the backward
-    transient_bytes: np.ndarray  # temporaries while the node runs, forward or backward
+    # Per-device bytes per strategy (see ``automap.solve.memory`` for when each
+    # is live): parameter shards with their optimizer state, buffers and
+    # constants (the whole step); the parameter's gradient (from the backward of
+    # its last use to the optimizer step); the user input (the whole step);
+    # activations kept for the backward (from this node's forward to its
+    # backward); temporaries while the node's forward and backward run
+    # (outputs, kernel scratch, collective buffers); data-parallel gradient
+    # bucket copies this node's backward adds (to the end of the backward).
+    state_bytes: np.ndarray
+    grad_bytes: np.ndarray
+    input_bytes: np.ndarray
+    saved_bytes: np.ndarray
+    fwd_transient_bytes: np.ndarray
+    bwd_transient_bytes: np.ndarray
+    bucket_bytes: np.ndarray
     module_path: str = ""
     tied_to: str | None = None  # a tied parameter placeholder follows this one
+    # Input nodes whose parameter/buffer data this node saves for its backward.
+    saved_state_inputs: frozenset[str] = frozenset()
+    # Per strategy and input: the bytes of that input the node saves (part of
+    # ``saved_bytes``; None: all zero).
+    saved_input_bytes: np.ndarray | None = None
     # Per strategy: (partial axes, scatter dim or None, gradient-reduction axes
     # per input), the collectives the node itself runs; None: no collective.
     reductions: list | None = None
-    # Per strategy: the share of the node's tensor bytes one device holds, which
-    # scales its profiled activation and temporary bytes; None: all ones.
-    memory_ratio: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.in_specs)
@@ -71,6 +91,7 @@ class StrategyTable:
     mesh: object
     nodes: dict[str, NodeOptions]
     unsupported_ops: dict[str, list[str]] = field(default_factory=dict)  # op -> node names
+    optimizer: str = "adamw"
 
     def edges(self):
         """(producer, output index, consumer, input index) of every tensor edge."""
@@ -119,6 +140,7 @@ def build_strategy_table(
     needs_grad: dict[str, bool] = {}
     nodes: dict[str, NodeOptions] = {}
     unsupported: dict[str, list[str]] = {}
+    params: set[str] = set()  # trainable parameter placeholders
     graph = traced.graph
 
     for node in graph.nodes:
@@ -129,6 +151,8 @@ def build_strategy_table(
             nodes[node.name] = _source_options(node.name, outs, mesh, shard_count, state,
                                                opt_factor)
             needs_grad[node.name] = bool(state is not None and state.requires_grad)
+            if state is not None and state.kind == "parameter" and state.requires_grad:
+                params.add(node.name)
         elif node.op == "call_function":
             outs = _tensor_infos(node.meta.get("val"))
             infos[node.name] = outs
@@ -144,7 +168,7 @@ def build_strategy_table(
             needs_grad[node.name] = any(grads) and any(o.is_float for o in outs)
             prof = profile.by_name.get(node.name) if profile is not None else None
             nodes[node.name] = _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count,
-                                           flops_per_s)
+                                           flops_per_s, params)
         elif node.op == "output":
             refs = []
             for a in _flatten(node.args[0]):
@@ -168,8 +192,10 @@ def build_strategy_table(
                 state.canonical)
             if canonical is not None:
                 node.tied_to = canonical.node
-                node.persistent_bytes = np.zeros(len(node))
-    return StrategyTable(mesh, nodes, unsupported)
+                node.state_bytes = np.zeros(len(node))
+                node.grad_bytes = np.zeros(len(node))
+    return StrategyTable(mesh, nodes, unsupported,
+                         optimizer if isinstance(optimizer, str) else "adamw")
 
 
 def _flatten(x):
@@ -186,9 +212,9 @@ def _tensor_args(node):
 
 
 def _fixed_options(name, op, kind, inputs, outputs, in_specs, out_specs) -> NodeOptions:
-    z = np.zeros(len(in_specs))
-    return NodeOptions(name, op, kind, inputs, outputs, in_specs, out_specs, z, z.copy(),
-                       z.copy(), z.copy(), z.copy(), z.copy())
+    n = len(in_specs)
+    return NodeOptions(name, op, kind, inputs, outputs, in_specs, out_specs,
+                       *(np.zeros(n) for _ in PER_STRATEGY))
 
 
 def _source_options(name, outs, mesh, shard_count, state, opt_factor) -> NodeOptions:
@@ -201,16 +227,20 @@ def _source_options(name, outs, mesh, shard_count, state, opt_factor) -> NodeOpt
                           [(s,) for s in specs])
     local = np.array([info.nbytes / shard_count(s) for s in specs])
     if kind == "parameter":
-        copies = 1 + (1 + opt_factor if state.requires_grad else 0)
-        node.persistent_bytes = local * copies
+        node.state_bytes = local * (1 + (opt_factor if state.requires_grad else 0))
+        if state.requires_grad:
+            node.grad_bytes = local
     elif kind in ("buffer", "constant"):
-        node.persistent_bytes = local
+        node.state_bytes = local
+    else:  # a user input: every rank is handed the global batch
+        node.input_bytes = np.full(len(specs), float(info.nbytes))
     if state is not None:
         node.module_path = state.module_path
     return node
 
 
-def _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count, flops_per_s):
+def _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count, flops_per_s,
+                params):
     flops = float(prof.fwd_flops + prof.bwd_flops) if prof is not None else 0.0
     name, op = node.name, op_family(node)
     reductions = None  # only einsum strategies run collectives of their own
@@ -244,27 +274,88 @@ def _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count, flops_per_
     options = NodeOptions(
         name, op, sig.kind, list(sig.inputs), outs, in_specs, out_specs,
         costs[:, 0].copy(), costs[:, 1].copy(), costs[:, 2].copy(),
-        np.zeros(len(in_specs)), np.zeros(len(in_specs)), np.zeros(len(in_specs)),
+        *(np.zeros(len(in_specs)) for _ in PER_STRATEGY[3:]),
         module_path=prof.module_path if prof is not None else "",
         reductions=reductions,
     )
     if prof is not None:
-        # Activation memory scales with how finely the node's tensors are split.
-        full = sum(i.nbytes for i in ins) + sum(o.nbytes for o in outs)
-        if full > 0:
-            local = np.array([
-                sum(i.nbytes / shard_count(s) for i, s in zip(ins, si))
-                + sum(o.nbytes / shard_count(s) for o, s in zip(outs, so))
-                for si, so in zip(in_specs, out_specs)
-            ])
-            ratio = local / full
-            options.memory_ratio = ratio
-            # Kept for the backward: saved inputs and tensors the node makes and
-            # saves besides its outputs (attention weights, masks, statistics).
-            options.saved_bytes = (prof.fwd_in_bytes + prof.fwd_tmp_bytes) * ratio
-            options.transient_bytes = (prof.fwd_buffer_bytes + prof.fwd_out_bytes
-                                       + prof.bwd_tmp_bytes + prof.bwd_out_bytes) * ratio
+        _activation_memory(options, ins, outs, prof, mesh, shard_count, params)
+        options.saved_state_inputs = frozenset(prof.saved_state_bytes)
     return options
+
+
+def _activation_memory(options: NodeOptions, ins, outs, prof, mesh, shard_count,
+                       params: set[str]) -> None:
+    """The node's activation memory per strategy, each profiled tensor at the local
+    size of the spec it has there: saved inputs at the spec they arrive in, saved
+    outputs and temporaries at the output's; the buffers of the node's own
+    collectives (the all-reduce's copy, gloo's reduce-scatter staging); input
+    gradients reduced in the graph (a copy), or, for parameters read directly,
+    in the gradient buckets."""
+    n = len(options)
+    out_share = np.array([1.0 / shard_count(so[0]) if so else 1.0 for so in options.out_specs])
+    in_share = np.array([[1.0 / shard_count(x) for x in si] for si in options.in_specs]) \
+        if ins else np.ones((n, 0))
+    saved = np.zeros(n)
+    per_input = np.zeros((n, len(options.inputs)))
+    seen = set()
+    for k, (producer, _) in enumerate(options.inputs):
+        if producer in prof.saved_input_bytes and producer not in seen:
+            seen.add(producer)
+            per_input[:, k] = prof.saved_input_bytes[producer] * in_share[:, k]
+            saved += per_input[:, k]
+    # Saved tensors of inputs the signature does not list scale with the output.
+    saved += sum(b for p, b in prof.saved_input_bytes.items() if p not in seen) * out_share
+    for j, b in prof.saved_output_bytes.items():
+        share = np.array([1.0 / shard_count(so[j]) if j < len(so) else 1.0
+                          for so in options.out_specs])
+        saved += b * share
+    # Temporaries have the shape of the node's largest operand (a loss's
+    # log-probabilities, an attention's weights): its share scales them.
+    operands = [(i.nbytes, in_share[:, k]) for k, i in enumerate(ins)] + [
+        (o.nbytes, np.array([1.0 / shard_count(so[j]) for so in options.out_specs]))
+        for j, o in enumerate(outs)]
+    largest_share = max(operands, key=lambda t: t[0])[1] if operands else np.ones(n)
+    saved += prof.fwd_tmp_bytes * largest_share
+    local_out = np.array([sum(o.nbytes / shard_count(x) for o, x in zip(outs, so))
+                          for so in options.out_specs])
+    fwd = prof.fwd_buffer_bytes * largest_share + prof.fwd_out_bytes * out_share
+    param_grads = sum(i.nbytes for (p, _), i in zip(options.inputs, ins) if p in params)
+    # Input gradients have the inputs' shapes.
+    act = [k for k, (p, _) in enumerate(options.inputs) if p not in params]
+    act_full = sum(ins[k].nbytes for k in act)
+    act_share = (sum(ins[k].nbytes * in_share[:, k] for k in act) / act_full if act_full
+                 else largest_share)
+    bwd = (prof.bwd_tmp_bytes * largest_share
+           + max(0.0, prof.bwd_out_bytes - param_grads) * act_share)
+    buckets = np.zeros(n)
+    if options.reductions is not None:
+        for s, (partial, scatter, grad_axes) in enumerate(options.reductions):
+            if partial:
+                # The op makes its partial output whole-sized along the scatter
+                # dim; the all-reduce works on a copy of it, the reduce-scatter
+                # on a stacked copy and gloo's staging copy, and its backward
+                # gathers the gradient (with a staging copy).
+                if scatter is None:
+                    fwd[s] += local_out[s]
+                else:
+                    group = math.prod(mesh.shape[a] for a in partial)
+                    raw = local_out[s] * group
+                    fwd[s] += raw - prof.fwd_out_bytes * out_share[s] + 2 * raw + local_out[s]
+                    bwd[s] += 2 * raw
+            for k, axes in enumerate(grad_axes):
+                if not axes:
+                    continue
+                local_in = ins[k].nbytes * in_share[s, k]
+                if options.inputs[k][0] in params:
+                    buckets[s] += local_in
+                else:
+                    bwd[s] += local_in
+    options.saved_bytes = saved
+    options.saved_input_bytes = per_input if per_input.any() else None
+    options.fwd_transient_bytes = fwd
+    options.bwd_transient_bytes = bwd
+    options.bucket_bytes = buckets
 
 
 def restrict(table: StrategyTable, keep) -> None:
@@ -282,8 +373,7 @@ def restrict(table: StrategyTable, keep) -> None:
         node.out_specs = [node.out_specs[i] for i in idx]
         if node.reductions is not None:
             node.reductions = [node.reductions[i] for i in idx]
-        if node.memory_ratio is not None:
-            node.memory_ratio = node.memory_ratio[idx]
-        for attr in ("compute_s", "forward_comm_s", "backward_comm_s", "persistent_bytes",
-                     "saved_bytes", "transient_bytes"):
+        if node.saved_input_bytes is not None:
+            node.saved_input_bytes = node.saved_input_bytes[idx]
+        for attr in PER_STRATEGY:
             setattr(node, attr, getattr(node, attr)[idx])

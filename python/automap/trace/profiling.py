@@ -20,6 +20,8 @@ Per graph node, the paper's quantities (bytes are of storages, counted once):
 - ``fwd_tmp_bytes``: tensors the node creates and saves for backward that are not its
   outputs (e.g. BatchNorm's batch statistics, a dropout mask); they live until the
   node's backward.
+- ``saved_input_bytes`` / ``saved_output_bytes``: ``fwd_in_bytes`` by input node, and
+  the node's own outputs it saves (a tanh saves its result), by output index.
 - ``fwd_out_bytes``: new storage of the node's outputs. Views and in-place ops have
   none: a ``relu_`` after BatchNorm writes into BatchNorm's output, which therefore is
   kept once (the paper's in-place nuance), and appears as the ``relu_``'s ``fwd_in``.
@@ -82,6 +84,16 @@ class NodeProfile:
     fwd_buffer_bytes: int = 0
     bwd_tmp_bytes: int = 0
     bwd_out_bytes: int = 0
+    #: ``fwd_in_bytes`` by the input node whose tensor is saved (a sharded plan
+    #: keeps each at the local size of the spec that input arrives in).
+    saved_input_bytes: dict[str, int] = field(default_factory=dict)
+    #: The node's own outputs it saves for its backward (tanh, sigmoid, exp...),
+    #: by output index; not part of ``fwd_tmp_bytes``.
+    saved_output_bytes: dict[int, int] = field(default_factory=dict)
+    #: Parameters and buffers the node saves, by input node: no memory of their
+    #: own on one device, but a sharded plan that converts one (gathers a weight)
+    #: keeps the converted copy for the backward.
+    saved_state_bytes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -287,12 +299,12 @@ def profile_traced(
     start_s = time.perf_counter()
     with FakeTensorMode(allow_non_fake_inputs=False):
         state = _make_state(traced, device)
-        opt, opt_name = _make_optimizer(optimizer, state.trainable(), device)
+        opt, opt_name = make_optimizer(optimizer, state.trainable(), device)
         if opt is not None:
-            _create_optimizer_state(opt, state.trainable())
+            create_optimizer_state(opt, state.trainable())
         rec = _Recorder(traced)
         rec.track_persistent(state, opt)
-        with FlopCounterMode(display=False) as flops, _TrackStorage(rec, device):
+        with FlopCounterMode(display=False) as flops, TrackStorage(rec, device):
             rec.flop_counter = flops
             runner = _Runner(traced, rec, device)
             outputs = runner.run(*state.placeholder_values)
@@ -362,7 +374,7 @@ def _make_state(traced: TracedGraph, device: torch.device) -> _State:
     return _State(values, params, buffers, inputs)
 
 
-def _make_optimizer(
+def make_optimizer(
     optimizer: OptimizerArg, params: list[torch.Tensor], device: torch.device
 ) -> tuple[torch.optim.Optimizer | None, str]:
     if optimizer is None or not params:
@@ -377,7 +389,7 @@ def _make_optimizer(
     return OPTIMIZERS[optimizer](params, device.type != "cpu"), optimizer
 
 
-def _create_optimizer_state(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+def create_optimizer_state(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
     """One step on zero gradients so the state exists, as in every step after the first."""
     for p in params:
         p.grad = torch.zeros_like(p)
@@ -389,18 +401,38 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _channels_padded(t: torch.Tensor, multiple: int) -> int:
+    """Bytes of ``t`` with its channel dim (1) rounded up to ``multiple``: oneDNN's
+    blocked layouts pad channels to blocks of 8 or 16."""
+    if t.dim() < 2:
+        return _nbytes(t)
+    channels = t.shape[1]
+    return _nbytes(t) // max(channels, 1) * (-(-channels // multiple) * multiple)
+
+
 def _conv_forward_workspace(args: tuple, out: torch.Tensor) -> int:
-    # oneDNN reorders input and weight into its blocked layout and computes the output
-    # there before copying it out: input + weight, or the blocked output, on top.
-    return max(_nbytes(args[0]) + _nbytes(args[1]), _nbytes(out))
+    # oneDNN computes the output in its blocked layout (channels padded to 16) and
+    # copies it out; an input of 16 channels or more is reordered into that layout
+    # first, with the weight. (Fitted to the CPU allocator's events over input and
+    # output channels 3-32, strides 1 and 2.)
+    blocked_out = _channels_padded(out, 16)
+    copies = _nbytes(args[0]) + _nbytes(args[1]) if args[0].shape[1] >= 16 else 0
+    return max(blocked_out, copies + blocked_out - _nbytes(out))
 
 
 def _conv_backward_workspace(args: tuple, out: Any) -> int:
-    # Blocked copies of grad_output and input for the weight gradient; a strided
-    # convolution also holds two input-sized buffers for the input gradient.
-    copies = _nbytes(args[0]) + _nbytes(args[1])
+    # Blocked copies of grad_output (channels padded to 16) and input for the
+    # weight gradient; a strided convolution also holds two input-sized buffers
+    # for the input gradient. Thin inputs (first layers, channel shards) are
+    # padded to 8 channels and kept beside a plain copy.
+    grad_out, x = args[0], args[1]
+    blocked_grad = _channels_padded(grad_out, 16)
+    if x.shape[1] >= 16 or x.shape[1] % 8 == 0:
+        copies = _nbytes(x) + blocked_grad
+    else:
+        copies = _channels_padded(x, 8) + blocked_grad + _nbytes(x)
     strided = any(s != 1 for s in args[4])
-    return max(copies, 2 * _nbytes(args[1])) if strided else copies
+    return max(copies, 2 * _nbytes(x)) if strided else copies
 
 
 def _batch_norm_backward_workspace(args: tuple, out: Any) -> int:
@@ -447,7 +479,7 @@ CPU_WORKSPACE: dict[Any, Callable[[tuple, Any], int]] = {
 }
 
 
-class _TrackStorage(TorchDispatchMode):
+class TrackStorage(TorchDispatchMode):
     """Reports the storage of every tensor an aten op returns to the recorder, and the
     scratch memory the op's kernel needs on top of it."""
 
@@ -549,20 +581,19 @@ class _Recorder:
             self.live_bytes -= record.nbytes
 
     def track_persistent(self, state: _State, opt: torch.optim.Optimizer | None) -> None:
+        names = [n.name for n in self.traced.graph.nodes if n.op == "placeholder"]
+        for name, tensor in zip(names, state.placeholder_values, strict=True):
+            self.param_nodes.setdefault(id(tensor), name)
         for kind, tensors in (
             ("parameters", state.params.values()),
             ("buffers", state.buffers),
             ("inputs", state.inputs),
-            ("optimizer_state", _optimizer_tensors(opt)),
+            ("optimizer_state", optimizer_tensors(opt)),
         ):
             for t in tensors:
+                self.node = self.param_nodes.get(id(t), "")
                 self.track(t, kind)
-        for name, tensor in zip(
-            (n.name for n in self.traced.graph.nodes if n.op == "placeholder"),
-            state.placeholder_values,
-            strict=True,
-        ):
-            self.param_nodes.setdefault(id(tensor), name)
+        self.node = ""
         self.window = []
 
     def boundary(self, phase: str, node: str) -> None:
@@ -597,28 +628,49 @@ class _Recorder:
             self.saved[self.node][tensor.untyped_storage()._cdata] = record
         return tensor
 
-    def end_forward(self, node: str, out: Any) -> None:
+    def end_forward(self, node: str, out: Any, inputs: dict[str, Any] | None = None) -> None:
+        """``inputs``: the node's input values by input node name, to say whose
+        tensor each saved storage is."""
         prof = self.profiles[node]
         outs = {}
-        for leaf in pytree.tree_leaves(out):
-            if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:
+        out_index = {}
+        tensor_leaves = [leaf for leaf in pytree.tree_leaves(out) if isinstance(leaf, torch.Tensor)]
+        for index, leaf in enumerate(tensor_leaves):
+            if leaf.layout == torch.strided:
                 key = leaf.untyped_storage()._cdata
+                out_index.setdefault(key, index)
                 record = self.storages.get(key)
                 if record is not None and record.node == node and record.kind == FORWARD:
                     outs[key] = record
                 self._own_grad_fns(leaf.grad_fn, node)
+        input_of = {}
+        for name, value in (inputs or {}).items():
+            for leaf in pytree.tree_leaves(value):
+                if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:
+                    input_of.setdefault(leaf.untyped_storage()._cdata, name)
         prof.fwd_out_bytes = sum(r.nbytes for r in outs.values())
         prof.fwd_buffer_bytes = self.window_peak - self.live_bytes
         for key, record in self.saved[node].items():
+            if record.kind in ("parameters", "buffers"):
+                source = input_of.get(key, record.node)
+                prof.saved_state_bytes[source] = prof.saved_state_bytes.get(source, 0) \
+                    + record.nbytes
+                continue
             if record.kind != FORWARD and record.kind != "inputs":
-                continue  # parameters, buffers: not activations
+                continue  # optimizer state: not activations
             if key in self.attributed:
                 continue  # saved by an earlier node too: it exists once
             self.attributed.add(key)
             if record.node != node:
                 prof.fwd_in_bytes += record.nbytes
+                source = input_of.get(key, record.node)
+                prof.saved_input_bytes[source] = prof.saved_input_bytes.get(source, 0) \
+                    + record.nbytes
             elif key not in outs:
                 prof.fwd_tmp_bytes += record.nbytes
+            else:
+                j = out_index.get(key, 0)
+                prof.saved_output_bytes[j] = prof.saved_output_bytes.get(j, 0) + record.nbytes
 
     def _own_grad_fns(self, grad_fn: Any, node: str) -> None:
         """Attribute the autograd nodes the forward node created to it."""
@@ -691,7 +743,7 @@ class _Recorder:
         )
 
 
-def _optimizer_tensors(opt: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+def optimizer_tensors(opt: torch.optim.Optimizer | None) -> list[torch.Tensor]:
     if opt is None:
         return []
     return [
@@ -714,9 +766,10 @@ class _Runner(fx.Interpreter):
         if n.op != "call_function":
             return super().run_node(n)
         self.rec.begin_forward(n.name)
+        inputs = {a.name: self.env[a] for a in n.all_input_nodes if a in self.env}
         with torch.autograd.graph.saved_tensors_hooks(self.rec.pack, _unpack):
             out = super().run_node(n)
-        self.rec.end_forward(n.name, out)
+        self.rec.end_forward(n.name, out, inputs)
         return out
 
 

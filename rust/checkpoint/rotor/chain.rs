@@ -31,6 +31,9 @@ pub struct Stage {
     pub saved_bytes: u64,
     /// `ω_δ`: the gradient of the stage output, `δ_{k+1}`.
     pub out_grad_bytes: u64,
+    /// Parameter gradients the backward of the stage creates: they stay live
+    /// to the end (the optimizer step), whatever the schedule.
+    pub param_grad_bytes: u64,
 }
 
 impl Stage {
@@ -113,6 +116,7 @@ impl Chain {
                 st.out_bytes,
                 st.saved_bytes,
                 st.out_grad_bytes,
+                st.param_grad_bytes,
             ]
             .iter()
             .map(|&b| b as u128)

@@ -31,6 +31,7 @@ pub fn example_chain(len: usize) -> Chain {
                 out_bytes: out,
                 saved_bytes: out * (2 + next(4)),
                 out_grad_bytes: out,
+                param_grad_bytes: 0,
             }
         })
         .collect();

@@ -244,7 +244,7 @@ impl State {
                 if input == NONE {
                     return Err(format!("a_{k} is not live"));
                 }
-                let during = self.mem + sz.grad[k] + sz.bwd_tmp[k];
+                let during = self.mem + sz.bwd_out[k] + sz.bwd_tmp[k];
                 self.mem = self.mem + sz.grad[k] - sz.grad[k + 1] - sz.saved[k];
                 self.act[k + 1] = NONE;
                 if input != SAVED {

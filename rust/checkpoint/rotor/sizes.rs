@@ -6,10 +6,16 @@ use super::chain::Chain;
 
 /// Sizes of a chain of `L` stages in one unit. Index `k` of `act` and `grad`
 /// is `a_k` / `δ_k` (`0..=L`); index `k` of the others is stage `k`.
+///
+/// Parameter gradients never leave once made, so they ride on the activation
+/// gradient: `grad[k]` is `δ_k` plus the parameter gradients of stages `k..L`
+/// (live whenever `δ_k` is), and `bwd_out[k]` what the backward of stage `k`
+/// adds: `δ_k` and its own parameter gradients.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Sizes {
     pub act: Vec<u64>,
     pub grad: Vec<u64>,
+    pub bwd_out: Vec<u64>,
     pub saved: Vec<u64>,
     pub fwd_tmp: Vec<u64>,
     pub bwd_tmp: Vec<u64>,
@@ -32,11 +38,22 @@ impl Sizes {
         let st = chain.stages();
         let mut act = vec![f(chain.input_bytes())];
         act.extend(st.iter().map(|s| f(s.out_bytes)));
-        let mut grad = vec![f(chain.input_grad_bytes())];
-        grad.extend(st.iter().map(|s| f(s.out_grad_bytes)));
+        // Parameter gradients of stages k.. (index k), and δ_k per index.
+        let mut later = vec![0u64; st.len() + 1];
+        for k in (0..st.len()).rev() {
+            later[k] = later[k + 1] + st[k].param_grad_bytes;
+        }
+        let delta: Vec<u64> = std::iter::once(chain.input_grad_bytes())
+            .chain(st.iter().map(|s| s.out_grad_bytes))
+            .collect();
+        let grad = (0..=st.len()).map(|k| f(delta[k] + later[k])).collect();
+        let bwd_out = (0..st.len())
+            .map(|k| f(delta[k] + st[k].param_grad_bytes))
+            .collect();
         Sizes {
             act,
             grad,
+            bwd_out,
             saved: st.iter().map(|s| f(s.saved_bytes)).collect(),
             fwd_tmp: st.iter().map(|s| f(s.fwd_overhead_bytes())).collect(),
             bwd_tmp: st.iter().map(|s| f(s.bwd_overhead_bytes())).collect(),
@@ -68,10 +85,11 @@ impl Sizes {
         self.grad[t + 1] + self.saved[s] + self.fwd_tmp[s]
     }
 
-    /// `Backward(s)`: `ā_{s+1}`, `δ_{s+1}`, the new `δ_s` and temporaries.
+    /// `Backward(s)`: `ā_{s+1}`, `δ_{s+1}` (with the parameter gradients so far),
+    /// the new `δ_s` and parameter gradients, and temporaries.
     #[inline]
     pub fn bwd_req(&self, s: usize) -> u64 {
-        self.saved[s] + self.grad[s + 1] + self.grad[s] + self.bwd_tmp[s]
+        self.saved[s] + self.grad[s + 1] + self.bwd_out[s] + self.bwd_tmp[s]
     }
 }
 

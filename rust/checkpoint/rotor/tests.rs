@@ -139,10 +139,10 @@ fn arb_stage() -> impl Strategy<Value = Stage> {
             any::<bool>(),
         ),
         (0u64..5, 0u64..3, 0u64..5, 0u64..3),
-        (0u64..8, 0u64..8, 0u64..8, any::<bool>()),
+        (0u64..8, 0u64..8, 0u64..8, any::<bool>(), 0u64..4),
     )
         .prop_map(
-            |((fc, fm, bc, bm, comm), (ft, fct, bt, bct), (out, extra, g, same))| Stage {
+            |((fc, fm, bc, bm, comm), (ft, fct, bt, bct), (out, extra, g, same, pg))| Stage {
                 fwd_compute_s: fc,
                 fwd_comm_s: if comm { fm } else { 0.0 },
                 bwd_compute_s: bc,
@@ -154,6 +154,8 @@ fn arb_stage() -> impl Strategy<Value = Stage> {
                 out_bytes: out,
                 saved_bytes: out + extra,
                 out_grad_bytes: if same { out } else { g },
+                // Parameter gradients in half the stages (they ride on δ).
+                param_grad_bytes: if pg >= 2 { pg - 1 } else { 0 },
             },
         )
 }

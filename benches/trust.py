@@ -1,0 +1,133 @@
+"""Trust bench (issue 14, item 2): predicted against measured per-rank peak memory.
+
+For each model (an MLP, a GPT-2-style LM, a ResNet-style convnet) on a (4,) mesh of 4
+gloo ranks: plans from unconstrained down to the smallest feasible budget, with
+``checkpointing`` "off" and "auto"; each plan is saved, applied on the 4 ranks and
+trained two AdamW steps; the second step's peak of live tensor bytes is measured on
+every rank (CPU: the allocator's events in the PyTorch profiler; a GPU:
+``torch.cuda.max_memory_allocated``). Printed per plan: the budget, the plan's
+predicted peak, the measured peak of every rank, the error of the prediction
+against the largest rank, and whether the measurement is within the budget.
+
+    python benches/trust.py                 # all three models
+    python benches/trust.py gpt2 --quick    # one model, two budgets
+
+Exit status 1 when an error exceeds 5 % or a measured peak exceeds its budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import automap  # noqa: E402
+from automap.launch import run_on_gloo  # noqa: E402
+from trust_workers import build, measure_plans  # noqa: E402
+
+MESH = (4,)
+#: A FLOP rate at which splitting work pays on this machine's links, so that the
+#: plans shard (the bench is about memory; the device profile prices time).
+FLOPS_PER_S = 1e10
+MAX_ERROR = 0.05
+FRACTIONS = (None, 0.85, 0.7, "least")
+
+
+def plans_for(name: str, folder: str, fractions, modes=("off", "auto")) -> list[dict]:
+    """Plan ``name`` for each budget fraction of its unconstrained peak (``"least"``:
+    2 % above the smallest feasible budget) and checkpointing mode."""
+    mesh = automap.DeviceMesh(MESH)
+    model, inputs, loss_fn = build(name)
+    free = automap.plan(model, inputs, mesh, loss_fn=loss_fn, flops_per_s=FLOPS_PER_S)
+    rows = []
+    for fraction in fractions:
+        for mode in modes:
+            if fraction is None and mode == "auto":
+                continue  # without a budget there is nothing to checkpoint
+            if fraction == "least":
+                try:
+                    automap.plan(model, inputs, mesh, 1.0, loss_fn=loss_fn,
+                                 flops_per_s=FLOPS_PER_S, checkpointing=mode, verify=False)
+                except automap.InfeasibleBudgetError as err:
+                    budget = 1.02 * err.smallest_feasible_budget_bytes
+            else:
+                budget = None if fraction is None else fraction * free.predicted_peak_memory_bytes
+            row = {"model": name, "fraction": fraction, "mode": mode, "budget": budget}
+            start = time.perf_counter()
+            try:
+                plan = automap.plan(model, inputs, mesh, budget, loss_fn=loss_fn,
+                                    flops_per_s=FLOPS_PER_S, checkpointing=mode)
+            except automap.InfeasibleBudgetError as err:
+                row["infeasible"] = err.smallest_feasible_budget_bytes
+                rows.append(row)
+                continue
+            row["plan_s"] = time.perf_counter() - start
+            row["path"] = os.path.join(folder, f"{name}_{fraction}_{mode}.json")
+            plan.to_json(row["path"])
+            row["predicted"] = plan.predicted_peak_memory_bytes
+            row["modelled"] = plan.solver.get("modelled_peak_bytes", plan.predicted_peak_memory_bytes)
+            row["blocks"] = plan.checkpoint.block_count() if plan.checkpoint else 0
+            rows.append(row)
+    return rows
+
+
+def run(names, fractions) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for name in names:
+            planned = plans_for(name, folder, fractions)
+            jobs = [(r["model"], r["path"]) for r in planned if "path" in r]
+            measured = run_on_gloo(measure_plans, MESH[0], jobs, timeout_s=900)
+            for r in planned:
+                if "path" in r:
+                    r["measured"] = [m[r["path"]]["peak_bytes"] for m in measured]
+            rows += planned
+    return rows
+
+
+def report(rows) -> bool:
+    mib = 2**20
+    print(f"{'model':7s} {'budget':>10s} {'ckpt':5s} {'blocks':>6s} {'modelled':>9s} "
+          f"{'predicted':>10s} {'measured per rank (MiB)':>34s} {'error':>7s}  fits")
+    ok, worst = True, 0.0
+    for r in rows:
+        budget = "none" if r["budget"] is None else f"{r['budget'] / mib:.2f}"
+        if "infeasible" in r:
+            print(f"{r['model']:7s} {budget:>10s} {r['mode']:5s}  infeasible (least "
+                  f"{r['infeasible'] / mib:.2f} MiB)")
+            continue
+        peak = max(r["measured"])
+        error = r["predicted"] / peak - 1
+        fits = r["budget"] is None or peak <= r["budget"]
+        worst = max(worst, abs(error))
+        ok &= abs(error) <= MAX_ERROR and fits
+        ranks = " ".join(f"{m / mib:.2f}" for m in r["measured"])
+        print(f"{r['model']:7s} {budget:>10s} {r['mode']:5s} {r['blocks']:6d} "
+              f"{r['modelled'] / mib:9.2f} {r['predicted'] / mib:10.2f} {ranks:>34s} "
+              f"{error * 100:+6.1f}%  {'yes' if fits else 'NO'}")
+    print(f"\nlargest |error| {worst * 100:.1f} % (goal {MAX_ERROR * 100:.0f} %)")
+    return ok
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=["mlp", "gpt2", "resnet"])
+    parser.add_argument("--quick", action="store_true", help="two budgets only")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    start = time.perf_counter()
+    rows = run(args.models, (None, 0.7) if args.quick else FRACTIONS)
+    ok = report(rows)
+    print(f"trust bench: {time.perf_counter() - start:.0f} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

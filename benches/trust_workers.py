@@ -1,0 +1,148 @@
+"""What the trust bench (benches/trust.py) and its test subset run inside spawned
+gloo processes: the bench's models, and one rank's measured training step under
+a saved plan (peak memory from real allocations, step time)."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+class MLP(nn.Module):
+    def __init__(self, width: int = 512, depth: int = 4, classes: int = 16) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        for _ in range(depth):
+            layers += [nn.Linear(width, width), nn.GELU()]
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+def build(name: str):
+    """``(model, inputs, loss_fn)`` of a bench model, seeded, fp32, no dropout."""
+    torch.manual_seed(0)
+    if name == "mlp":
+        model = MLP()
+        x, y = torch.randn(64, 512), torch.randint(0, 16, (64,))
+        return model, (x,), lambda out: nn.functional.cross_entropy(out, y)
+    if name == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        from automap.trace.tracing import default_loss
+
+        cfg = GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=2048, n_positions=128,
+                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                         eos_token_id=0)
+        model = GPT2LMHeadModel(cfg)
+        ids = torch.randint(0, 2048, (16, 128))
+        return model, {"input_ids": ids, "labels": ids}, default_loss
+    if name == "resnet":
+        import model_zoo
+
+        model = model_zoo.ResNet(width=16)
+        x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+        return model, (x,), lambda out: nn.functional.cross_entropy(out, y)
+    raise ValueError(f"unknown bench model {name!r}")
+
+
+def _call(module, inputs):
+    return module(**inputs) if isinstance(inputs, dict) else module(*inputs)
+
+
+def _storage_bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            key = t.untyped_storage()._cdata
+            if key not in seen:
+                seen.add(key)
+                total += t.untyped_storage().nbytes()
+    return total
+
+
+def _allocation_peak_bytes(prof) -> int:
+    """The most bytes the CPU allocator held during the profiled region beyond what
+    it held when the region began, from the allocator's own running total that
+    every profiler allocation event carries (``profile_memory=True``). The total is
+    kept by the allocator whatever thread frees a tensor; the profiler loses the
+    events of frees on some threads (gloo's workers drop tensors a collective held),
+    so summing the events' sizes overcounts."""
+    allocations = sorted((n for n in _walk(prof.profiler.kineto_results.experimental_event_tree())
+                          if str(n.typed[0]).endswith("Allocation")
+                          and n.typed[1].device.type == "cpu"),
+                         key=lambda n: n.start_time_ns)
+    if not allocations:
+        return 0
+    first = allocations[0].typed[1]
+    start = first.total_allocated - first.alloc_size
+    return max(n.typed[1].total_allocated for n in allocations) - start
+
+
+def _walk(nodes):
+    for node in nodes:
+        yield node
+        yield from _walk(node.children)
+
+
+def measure_plan(rank: int, world: int, name: str, plan_path: str, timed_steps: int = 0) -> dict:
+    """This rank's steady-state AdamW step under the plan saved at ``plan_path``:
+    the peak of live tensor bytes (module state, optimizer state and inputs live
+    before the step, plus the peak of the allocator's events during it: CPU
+    profiler memory events, or ``torch.cuda.max_memory_allocated`` on a GPU), the
+    loss, and the median of ``timed_steps`` further steps' wall times."""
+    from automap.api import apply
+    from automap.planner.plan import Plan
+
+    model, inputs, loss_fn = build(name)
+    if torch.distributed.get_backend() == "nccl":
+        inputs = pytree.tree_map_only(torch.Tensor, lambda t: t.cuda(), inputs)
+    module = apply(Plan.from_json(plan_path), model, inputs, loss_fn=loss_fn)
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
+
+    def step() -> float:
+        loss = _call(module, inputs)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    step()  # creates the optimizer state, as before every later step
+    state = pytree.tree_leaves(opt.state_dict()["state"])
+    live = _storage_bytes([*module.parameters(), *module.buffers(),
+                           *pytree.tree_leaves(inputs), *state])
+    on_cuda = next(module.parameters()).device.type == "cuda"
+    if on_cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        loss = step()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                    profile_memory=True) as prof:
+            loss = step()
+        peak = live + _allocation_peak_bytes(prof)
+    times = []
+    for _ in range(timed_steps):
+        torch.distributed.barrier()
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return {"rank": rank, "peak_bytes": int(peak), "live_before_bytes": live, "loss": loss,
+            "step_s": statistics.median(times) if times else None}
+
+
+def measure_plans(rank: int, world: int, jobs: list[tuple[str, str]], timed_steps: int = 0
+                  ) -> dict[str, dict]:
+    """``measure_plan`` for each (model name, plan path), by path."""
+    return {path: measure_plan(rank, world, name, path, timed_steps) for name, path in jobs}

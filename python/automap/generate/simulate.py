@@ -1,0 +1,217 @@
+"""A training step of the generated program on FakeTensors: the memory one rank
+uses, exactly as the program allocates it, without devices or a process group.
+
+The rank's module is assembled as ``generate`` assembles it (same graph passes,
+checkpoint regions, bucketed gradient sync), with fake parameter shards and
+process groups whose collectives allocate their results and send nothing
+(``SimulatedGroups``). One step creates the optimizer state; the next is
+recorded: the storage of every tensor any op returns is followed from birth to
+death (``automap.trace.profiling.TrackStorage``, kernel scratch included), so
+the peak is the peak of live tensor bytes a real step of this rank reaches.
+
+This is the oracle the planner's memory model is checked against (and that
+``automap.plan(..., verify=True)`` runs on the chosen plan)."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from automap.generate.grad_sync import DEFAULT_BUCKET_BYTES
+from automap.generate.program import assemble
+from automap.sharding.collectives import buffer_tag
+from automap.sharding.process_groups import SimulatedGroups
+from automap.sharding.spec import ShardingSpec
+from automap.trace.profiling import (
+    TrackStorage,
+    create_optimizer_state,
+    make_optimizer,
+    optimizer_tensors,
+)
+
+#: The categories of ``SimulatedStep.breakdown``, in display order.
+CATEGORIES = ("parameters", "buffers", "inputs", "optimizer_state", "gradients",
+              "activations", "backward", "communication", "gradient_buckets",
+              "optimizer_step", "workspace")
+_PHASE_CATEGORY = {"forward": "activations", "backward": "backward",
+                   "optimizer": "optimizer_step"}
+
+
+@dataclass
+class SimulatedStep:
+    """The memory of one steady-state training step of one rank, in bytes of live
+    tensor storage: the peak, where it occurs (``phase``: forward, backward or
+    optimizer), what is live then by category, and each phase's own peak."""
+
+    rank: int
+    peak_bytes: int
+    phase: str
+    breakdown: dict[str, int]
+    phase_peak_bytes: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Record:
+    nbytes: int
+    category: str
+    born: int
+    died: int | None = None
+    node: str = ""  # the generated node running when it was made (forward only)
+
+
+class _Timeline:
+    """Live storage bytes over the step, for ``TrackStorage``."""
+
+    def __init__(self) -> None:
+        self.phase = "setup"
+        self.clock = 0
+        self.live = 0
+        self.peak = 0
+        self.peak_clock = 0
+        self.peak_phase = "setup"
+        self.peak_scratch = 0
+        self.phase_peak: dict[str, int] = {}
+        self.records: dict[int, _Record] = {}  # storage key -> live record
+        self.all: list[_Record] = []
+        self.node = ""
+
+    def track(self, tensor: torch.Tensor, category: str | None = None) -> _Record | None:
+        if tensor.layout != torch.strided:
+            return None
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        record = self.records.get(key)
+        if record is not None:
+            return record
+        category = category or buffer_tag.get() or _PHASE_CATEGORY.get(self.phase, self.phase)
+        self.clock += 1
+        record = _Record(storage.nbytes(), category, self.clock, node=self.node)
+        self.records[key] = record
+        self.all.append(record)
+        self.live += record.nbytes
+        weakref.finalize(storage, self.free, key)
+        self._observe(self.live)
+        return record
+
+    def transient(self, nbytes: int) -> None:
+        self._observe(self.live + nbytes)
+
+    def _observe(self, live: int) -> None:
+        if self.phase in _PHASE_CATEGORY:
+            self.phase_peak[self.phase] = max(self.phase_peak.get(self.phase, 0), live)
+            if live > self.peak:
+                self.peak, self.peak_clock, self.peak_phase = live, self.clock, self.phase
+                self.peak_scratch = live - self.live
+
+    def free(self, key: int) -> None:
+        record = self.records.pop(key, None)
+        if record is not None:
+            self.clock += 1
+            record.died = self.clock
+            self.live -= record.nbytes
+
+    def live_at_peak(self) -> list[_Record]:
+        return [r for r in self.all
+                if r.born <= self.peak_clock and (r.died is None or r.died > self.peak_clock)]
+
+    def breakdown(self, gradient_records: set[int]) -> dict[str, int]:
+        out = dict.fromkeys(CATEGORIES, 0)
+        out["workspace"] = self.peak_scratch
+        for r in self.all:
+            if r.born <= self.peak_clock and (r.died is None or r.died > self.peak_clock):
+                category = "gradients" if id(r) in gradient_records else r.category
+                out[category] = out.get(category, 0) + r.nbytes
+        return out
+
+
+def simulate_step(traced, plan, *, rank: int | None = None, optimizer="adamw",
+                  device: str | torch.device = "cpu", backend: str = "gloo",
+                  local_inputs: bool = False,
+                  grad_bucket_bytes: int | None = DEFAULT_BUCKET_BYTES) -> SimulatedStep:
+    """The memory of one training step of ``rank`` (default: the mesh's first) under
+    ``plan`` (made for ``traced``), with ``optimizer`` as in ``automap.plan`` and the
+    collectives of ``backend`` ("gloo" or "nccl"). The inputs are the global batch
+    (this rank's shard with ``local_inputs``)."""
+    device = torch.device(device)
+    rank = plan.mesh.ranks[0] if rank is None else rank
+    groups = SimulatedGroups(plan.mesh, rank, backend)
+    timeline = _Timeline()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        module = assemble(traced, plan, groups, rank, device, local_inputs, grad_bucket_bytes,
+                          lambda shards: _fake_shards(traced, plan, shards, rank, device))
+        inputs = _fake_inputs(traced, plan, rank, device, local_inputs)
+        params = [p for p in module.parameters() if p.requires_grad]
+        opt, _ = make_optimizer(optimizer, params, device)
+        if opt is not None:
+            create_optimizer_state(opt, params)
+        for kind, tensors in (("parameters", module.parameters()),
+                              ("buffers", module.buffers()),
+                              ("inputs", inputs),
+                              ("optimizer_state", optimizer_tensors(opt))):
+            for t in tensors:
+                if isinstance(t, torch.Tensor):
+                    timeline.track(t, kind)
+        with TrackStorage(timeline, device):
+            timeline.phase = "forward"
+            outputs = _Runner(module, timeline).run(*inputs)
+            loss = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+            timeline.phase = "backward"
+            loss.backward()
+            del loss, outputs
+            grads = {id(timeline.records[key]) for key in
+                     (p.grad.untyped_storage()._cdata for p in params if p.grad is not None)
+                     if key in timeline.records}
+            timeline.phase = "optimizer"
+            if opt is not None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            timeline.phase = "done"
+    return SimulatedStep(rank, timeline.peak, timeline.peak_phase,
+                         timeline.breakdown(grads),
+                         dict(timeline.phase_peak))
+
+
+class _Runner(torch.fx.Interpreter):
+    """Runs the module's graph node by node, telling the timeline which node runs."""
+
+    def __init__(self, module, timeline: _Timeline) -> None:
+        super().__init__(module, garbage_collect_values=True)
+        self.timeline = timeline
+
+    def run_node(self, n):
+        self.timeline.node = n.name
+        return super().run_node(n)
+
+
+def _fake_shards(traced, plan, shards, rank: int, device) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, shard in shards.items():
+        state = traced.parameters.get(name) or traced.buffers.get(name) or traced.constants[name]
+        shape = _local_shape(shard.spec, shard.global_shape, plan.mesh, rank)
+        out[name] = torch.empty(shape, dtype=state.dtype, device=device)
+    return out
+
+
+def _fake_inputs(traced, plan, rank: int, device, local_inputs: bool) -> list:
+    values = []
+    placeholders = {n.name: n for n in traced.graph.nodes if n.op == "placeholder"}
+    for name in traced.user_input_nodes:
+        val = placeholders[name].meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            values.append(val)
+            continue
+        shape = tuple(val.shape)
+        node_plan = plan.nodes.get(name)
+        if local_inputs and node_plan is not None:
+            shape = _local_shape(node_plan.outputs[0], shape, plan.mesh, rank)
+        values.append(torch.empty(shape, dtype=val.dtype, device=device))
+    return values
+
+
+def _local_shape(spec: str, shape, mesh, rank: int) -> tuple[int, ...]:
+    bounds = ShardingSpec.parse(spec).local_slices(list(shape), mesh, rank)
+    return tuple(int(b - a) for a, b in bounds)
+

@@ -1,0 +1,233 @@
+"""The per-device memory of a training step under a choice of strategies: what
+the generated program allocates, and when.
+
+The step runs the graph's nodes forward in order, then backward in reverse,
+then the optimizer step. With the ``NodeOptions`` columns:
+
+- ``state_bytes`` (parameter shards with their optimizer state, buffers) and
+  ``input_bytes`` (the global batch every rank is handed) live the whole step;
+- a node's ``saved_bytes`` live from its forward to its backward;
+- a parameter's ``grad_bytes`` appear in the backward of its last use and live
+  until the optimizer step;
+- ``bucket_bytes`` (data-parallel gradient bucket copies) appear in the
+  backward of the node and live until the end of the backward;
+- ``fwd_transient_bytes`` / ``bwd_transient_bytes`` live while the node's
+  forward / backward runs;
+- the optimizer step needs ``OPTIMIZER_TEMP_FACTOR`` times the largest
+  parameter shard on top;
+- an edge whose consumer reads another spec than its producer made converts
+  the tensor (``conversion_bytes``): the copy and the collective's staging live
+  while the consumer's forward runs, the gradient's conversion back while its
+  backward runs, and a converted parameter that the consumer (or a view after
+  it) saves for the backward is kept like the consumer's saved tensors.
+
+So, with ``S(v)`` the bytes saved by ``v`` and the nodes before it, the memory
+in the forward of node ``v`` is ``state + inputs + S(v-1) + fwd_transient(v)``,
+in its backward ``state + inputs + S(v) + Σ_{last use of p >= v} grad_p +
+Σ_{u >= v} bucket_u + bwd_transient(v)``, and in the optimizer step ``state +
+inputs + Σ grad + temporaries``: the peak is the largest of these. The ILP
+(``automap.solve.ilp``) bounds the same expressions by the budget, the chain of
+a plan (``automap.checkpoint.chain``) sums the same columns per stage, and the
+simulated step of the generated program (``automap.generate.simulate``) is what
+they are checked against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from automap.solve.strategies import ShardCounts
+
+#: Temporaries of an optimizer step, in units of the largest parameter shard
+#: (AdamW's per-tensor loop: the square root and the update of one tensor).
+OPTIMIZER_TEMP_FACTOR = {"sgd": 0.0, "sgd_momentum": 0.0, "momentum": 0.0, "adam": 2.0,
+                         "adamw": 2.0}
+
+CATEGORIES = ("parameters and optimizer state", "inputs", "activations", "gradients",
+              "gradient buckets", "temporaries")
+
+
+def optimizer_temp_factor(optimizer) -> float:
+    name = optimizer if isinstance(optimizer, str) else "adamw"
+    return OPTIMIZER_TEMP_FACTOR.get(name.lower(), 2.0)
+
+
+@dataclass
+class Timeline:
+    """Where each node's memory sits on the step: the position of every op node
+    (graph order), of every trainable parameter's gradient (its last use), and
+    the parameter edges whose converted copy is saved for the backward."""
+
+    order: list[str]
+    position: dict[str, int]
+    grad_position: dict[str, int]
+    saved_state_edges: set[tuple[str, int, str, int]]
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+
+def timeline(table) -> Timeline:
+    order = [name for name, node in table.nodes.items()
+             if node.op != "placeholder" and node.kind != "output"]
+    position = {name: i for i, name in enumerate(order)}
+    grad_position: dict[str, int] = {}
+    for producer, _, consumer, _ in table.edges():
+        if table.nodes[producer].kind == "parameter" and consumer in position:
+            grad_position[producer] = max(grad_position.get(producer, 0), position[consumer])
+    for name, node in table.nodes.items():
+        if node.kind == "parameter":
+            grad_position.setdefault(name, 0)
+    users: dict[str, list[str]] = {}
+    for producer, _, consumer, _ in table.edges():
+        users.setdefault(producer, []).append(consumer)
+
+    def saves(reader: str, read: str, depth: int = 0) -> bool:
+        """Whether ``reader`` saves what it reads from ``read``, itself or through
+        views after it."""
+        node = table.nodes[reader]
+        if read in node.saved_state_inputs:
+            return True
+        return node.kind == "view" and depth < 8 and any(
+            saves(u, reader, depth + 1) for u in users.get(reader, []))
+
+    saved_state_edges = {
+        edge for edge in table.edges()
+        if table.nodes[edge[0]].kind in ("parameter", "buffer", "constant")
+        and saves(edge[2], edge[0])}
+    return Timeline(order, position, grad_position, saved_state_edges)
+
+
+def conversion_bytes(full_bytes: float, src_shards: np.ndarray, dst_shards: np.ndarray,
+                     is_state: bool, saved: bool):
+    """Memory of converting a tensor of ``full_bytes`` between specs with the given
+    shard counts (arrays broadcast against each other; equal specs must be masked
+    by the caller): (forward transient, backward transient, kept for the backward).
+    Gathering keeps the gathered copy and gloo's staging copy of it; splitting the
+    shard; an all-to-all its send buffer and result. The gradient goes back as a
+    shard of the source spec (plus the gathered parameter gradient it comes from)."""
+    src = full_bytes / src_shards
+    dst = full_bytes / dst_shards
+    fwd = np.where(src_shards > dst_shards, 2 * dst, np.where(src_shards < dst_shards, dst,
+                                                              src + dst))
+    bwd = src + (dst if is_state else 0.0)
+    kept = dst if saved else np.zeros_like(dst)
+    return fwd, bwd, kept
+
+
+def edge_memory(table, line: Timeline, edge, src_specs, dst_specs, shard_count):
+    """``conversion_bytes`` of ``edge`` for every pair of the given producer and
+    consumer specs (matrices, zero where the specs are equal)."""
+    producer, o, consumer, k = edge
+    info = table.nodes[producer].outputs[o]
+    a = np.array([float(shard_count(x)) for x in src_specs])[:, None]
+    b = np.array([float(shard_count(x)) for x in dst_specs])[None, :]
+    same = np.array(src_specs, dtype=object)[:, None] == np.array(dst_specs, dtype=object)[None, :]
+    is_state = table.nodes[producer].kind in ("parameter", "buffer", "constant")
+    fwd, bwd, kept = conversion_bytes(float(info.nbytes), a, b, is_state,
+                                      edge in line.saved_state_edges)
+    zero = np.where(same, 0.0, 1.0)
+    return fwd * zero, bwd * zero, kept * zero
+
+
+@dataclass
+class MemoryEstimate:
+    """The modelled memory of a step: its peak, where it is (``at``), and the
+    bytes live there by category."""
+
+    peak_bytes: float
+    at: str
+    breakdown: dict[str, float]
+    optimizer_step_bytes: float = 0.0
+
+
+@dataclass
+class PlanMemory:
+    """The terms of the model for one choice: the bytes held the whole step, and
+    per position (``Timeline.order``) what the node keeps for the backward, what
+    its forward and backward need while they run, and the gradients (parameter
+    gradients, bucket copies) its backward adds; ``largest_param_bytes`` sizes the
+    optimizer's temporaries."""
+
+    state_bytes: float
+    input_bytes: float
+    saved: np.ndarray
+    fwd: np.ndarray
+    bwd: np.ndarray
+    grads: np.ndarray
+    buckets: np.ndarray
+    largest_param_bytes: float
+
+
+def plan_memory(table, choice: dict[str, int], line: Timeline,
+                weight: dict[str, float] | None = None) -> PlanMemory:
+    """The model's terms for the strategies ``choice`` picks (``weight``: how often
+    each node occurs, for depth-reduced planning)."""
+    weight = weight or {}
+    n = len(line)
+    out = PlanMemory(0.0, 0.0, *(np.zeros(n) for _ in range(5)), 0.0)
+    for name, node in table.nodes.items():
+        c, w = choice[name], weight.get(name, 1.0)
+        out.state_bytes += w * float(node.state_bytes[c])
+        out.input_bytes += w * float(node.input_bytes[c])
+        if node.kind == "parameter" and node.grad_bytes[c] > 0:
+            out.grads[line.grad_position[name]] += w * float(node.grad_bytes[c])
+            out.largest_param_bytes = max(out.largest_param_bytes, float(node.grad_bytes[c]))
+        i = line.position.get(name)
+        if i is not None:
+            out.saved[i] = w * float(node.saved_bytes[c])
+            out.buckets[i] = w * float(node.bucket_bytes[c])
+            out.fwd[i] = float(node.fwd_transient_bytes[c])
+            out.bwd[i] = float(node.bwd_transient_bytes[c])
+    shard_count = ShardCounts(table.mesh)
+    for edge in table.edges():
+        producer, o, consumer, k = edge
+        i = line.position.get(consumer)
+        if i is None:
+            continue
+        src = table.nodes[producer].out_specs[choice[producer]][o]
+        dst = table.nodes[consumer].in_specs[choice[consumer]][k]
+        if src == dst:
+            continue
+        f, b, kept = (float(m[0, 0]) for m in
+                      edge_memory(table, line, edge, [src], [dst], shard_count))
+        out.fwd[i] += f
+        out.bwd[i] += b
+        out.saved[i] += weight.get(consumer, 1.0) * kept
+    return out
+
+
+def estimate_memory(table, choice: dict[str, int], line: Timeline, optimizer="adamw",
+                    weight: dict[str, float] | None = None) -> MemoryEstimate:
+    """The memory of the module docstring for the strategies ``choice`` picks;
+    ``weight``: how often each node occurs (depth-reduced planning)."""
+    m = plan_memory(table, choice, line, weight)
+    n = len(line)
+    state, inputs = m.state_bytes, m.input_bytes
+    grads_total = float(m.grads.sum())
+    base = state + inputs
+    kept = np.cumsum(m.saved)
+    later_grads = np.cumsum(m.grads[::-1])[::-1]
+    later_buckets = np.cumsum(m.buckets[::-1])[::-1]
+    backward = base + kept + later_grads + later_buckets + m.bwd
+    forward = base + (kept - m.saved) + m.fwd
+    opt_temp = optimizer_temp_factor(optimizer) * m.largest_param_bytes
+    candidates = [(base + grads_total + opt_temp, "optimizer step", -1, "opt")]
+    if n:
+        i, j = int(np.argmax(backward)), int(np.argmax(forward))
+        candidates += [(float(backward[i]), f"backward of {line.order[i]}", i, "bwd"),
+                       (float(forward[j]), f"forward of {line.order[j]}", j, "fwd")]
+    peak, at, i, phase = max(candidates, key=lambda c: c[0])
+    cats = dict.fromkeys(CATEGORIES, 0.0)
+    cats["parameters and optimizer state"], cats["inputs"] = state, inputs
+    if phase == "opt":
+        cats["gradients"], cats["temporaries"] = grads_total, opt_temp
+    elif phase == "bwd":
+        cats.update({"activations": float(kept[i]), "gradients": float(later_grads[i]),
+                     "gradient buckets": float(later_buckets[i]),
+                     "temporaries": float(m.bwd[i])})
+    else:
+        cats.update({"activations": float(kept[i] - m.saved[i]), "temporaries": float(m.fwd[i])})
+    return MemoryEstimate(float(peak), at, cats, float(candidates[0][0]))
