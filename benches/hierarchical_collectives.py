@@ -11,9 +11,11 @@ axis's pace); and 8-way data parallelism (batch split over both axes). Then
 how the largest gradient all-reduce over both axes runs.
 
 Before this change (one flat ring per collective over several axes, commit
-a87ac9f, same settings): the planner's plan used axis 1 only, predicted
-22.08 ms, axis 0 carried 0 B and axis 1 2.30 GB; 8-way data parallelism
-was priced 58.62 ms.
+a87ac9f, same settings, bytes counted the same way with every collective flat):
+
+    plan                     step ms   compute      comm  axis 0 GB  axis 1 GB
+    planner's choice           22.10     17.50      4.60      0.000      0.766
+    8-way data parallel        46.98      8.75     38.23      0.874      0.895
 
     python benches/hierarchical_collectives.py [--layers 12]
 """
