@@ -149,7 +149,7 @@ def check_collective_algorithms(rank: int, world: int, mesh_dicts: list) -> dict
     values equal those of one flat call on the whole group (gathers and
     exchanges exactly, sums to float tolerance), forward and backward; the
     bucketed gradient all-reduce too. Returns the failures and, per collective,
-    the algorithms seen ("flat" / "per-axis")."""
+    the algorithms seen ("flat", or the kinds of the per-axis steps)."""
     import itertools
 
     log: list = []
@@ -161,7 +161,7 @@ def check_collective_algorithms(rank: int, world: int, mesh_dicts: list) -> dict
         groups = mesh.process_groups()
         axis_sets = [p for k in range(2, mesh.ndim + 1)
                      for p in itertools.permutations(range(mesh.ndim), k)]
-        for axes, rows in itertools.product(axis_sets, (2, 2**15)):
+        for axes, rows in itertools.product(axis_sets, (2, 400, 2**15)):
             _check_algorithms_on(mesh, groups.axis_group(axes), rows, rank, log, seen, failures)
     return {"failures": failures[:20], "seen": {k: sorted(v) for k, v in seen.items()}}
 
@@ -174,7 +174,8 @@ def _check_algorithms_on(mesh, g, rows, rank, log, seen, failures) -> None:
 
     def expect(kind, nbytes):
         plan = mesh.collective_plan(kind, nbytes, g.axes)
-        seen.setdefault(kind, set()).add("flat" if plan.flat else "per-axis")
+        seen.setdefault(kind, set()).add(
+            "flat" if plan.flat else " ".join(step.kind for step in plan.steps))
         return [(s.kind, tuple(sorted(next(m for m in mesh.axis_groups(s.axes) if rank in m))),
                  s.nbytes) for s in plan.steps]
 
