@@ -13,6 +13,8 @@ use crate::sharding::spec::ShardingSpec;
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyMesh>()?;
+    m.add_class::<PyCollectivePlan>()?;
+    m.add_class::<PyCollectiveStep>()?;
     m.add_class::<PySpec>()?;
     m.add_class::<PyStep>()?;
     m.add_class::<PyPath>()?;
@@ -71,18 +73,108 @@ impl PyMesh {
         self.inner.axis_groups(&axes).py()
     }
     fn collective_cost_s(&self, kind: &str, nbytes: f64, axes: Vec<usize>) -> PyResult<f64> {
-        let Some(kind) = Collective::from_name(kind) else {
-            return Err(PyValueError::new_err(format!(
-                "unknown collective {kind:?}; expected all_gather, reduce_scatter, all_reduce, \
-                 all_to_all or broadcast"
-            )));
-        };
-        if !(nbytes.is_finite() && nbytes >= 0.0) {
-            return Err(PyValueError::new_err(format!(
-                "nbytes must be finite and >= 0, got {nbytes}"
-            )));
-        }
+        let kind = collective_arg(kind, nbytes)?;
         self.inner.collective_cost_s(kind, nbytes, &axes).py()
+    }
+    /// The algorithm `collective_cost_s` prices: flat or per-axis steps.
+    fn collective_plan(
+        &self,
+        kind: &str,
+        nbytes: f64,
+        axes: Vec<usize>,
+    ) -> PyResult<PyCollectivePlan> {
+        let kind = collective_arg(kind, nbytes)?;
+        let plan = self.inner.collective_plan(kind, nbytes, &axes).py()?;
+        Ok(PyCollectivePlan {
+            kind: plan.kind.name(),
+            nbytes: plan.bytes,
+            flat: plan.is_flat(),
+            cost_s: plan.cost_s,
+            steps: plan
+                .steps
+                .into_iter()
+                .map(|s| PyCollectiveStep {
+                    kind: s.kind.name(),
+                    axes: s.axes,
+                    nbytes: s.bytes,
+                    cost_s: s.cost_s,
+                })
+                .collect(),
+        })
+    }
+}
+
+fn collective_arg(kind: &str, nbytes: f64) -> PyResult<Collective> {
+    let Some(kind) = Collective::from_name(kind) else {
+        return Err(PyValueError::new_err(format!(
+            "unknown collective {kind:?}; expected all_gather, reduce_scatter, all_reduce, \
+             all_to_all or broadcast"
+        )));
+    };
+    if !(nbytes.is_finite() && nbytes >= 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "nbytes must be finite and >= 0, got {nbytes}"
+        )));
+    }
+    Ok(kind)
+}
+
+/// One step of a collective's algorithm: `kind` over the devices along `axes`
+/// on a per-device buffer of `nbytes`.
+#[pyclass(name = "CollectiveStep", module = "automap._core", frozen)]
+#[derive(Clone)]
+struct PyCollectiveStep {
+    #[pyo3(get)]
+    kind: &'static str,
+    #[pyo3(get)]
+    axes: Vec<usize>,
+    #[pyo3(get)]
+    nbytes: f64,
+    #[pyo3(get)]
+    cost_s: f64,
+}
+
+#[pymethods]
+impl PyCollectiveStep {
+    fn __repr__(&self) -> String {
+        format!(
+            "<{} axes {:?}, {} bytes, {:.3e} s>",
+            self.kind, self.axes, self.nbytes, self.cost_s
+        )
+    }
+}
+
+/// The chosen algorithm of a collective: its steps in execution order (one
+/// step when `flat`, none for a group of one device) and their summed cost.
+#[pyclass(name = "CollectivePlan", module = "automap._core", frozen)]
+struct PyCollectivePlan {
+    #[pyo3(get)]
+    kind: &'static str,
+    #[pyo3(get)]
+    nbytes: f64,
+    #[pyo3(get)]
+    flat: bool,
+    #[pyo3(get)]
+    cost_s: f64,
+    #[pyo3(get)]
+    steps: Vec<PyCollectiveStep>,
+}
+
+#[pymethods]
+impl PyCollectivePlan {
+    fn __repr__(&self) -> String {
+        let steps: Vec<String> = self
+            .steps
+            .iter()
+            .map(|s| format!("{} {:?}", s.kind, s.axes))
+            .collect();
+        format!(
+            "<CollectivePlan {} of {} bytes: {} ({:.3e} s)>",
+            self.kind,
+            self.nbytes,
+            steps.join(", "),
+            self.cost_s
+        )
     }
 }
 

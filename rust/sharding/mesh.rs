@@ -1,6 +1,8 @@
 //! The logical device mesh: an N-D grid over global ranks, with an alpha-beta
-//! link model per axis, and the ring formulas that price collectives on it.
+//! link model per axis, and the ring formulas that price one collective on
+//! one group of devices (`collective` chooses the algorithm over several axes).
 
+use super::collective::{collective_cost_s, collective_plan, CollectivePlan, Links};
 use crate::error::{invalid_mesh, Result};
 
 /// Most mesh axes a spec can name (axes are single digits in the spec string,
@@ -212,15 +214,8 @@ impl DeviceMesh {
     /// increasing linear index over `axes`, so a rank's position in its group
     /// is its shard index; groups are ordered by the remaining coordinates.
     pub fn axis_groups(&self, axes: &[usize]) -> Result<Vec<Vec<i64>>> {
-        let mut seen = [false; MAX_MESH_AXES];
-        for &a in axes {
-            self.check_axis(a)?;
-            if seen[a] {
-                return invalid_mesh(format!("mesh axis {a} is named twice in {axes:?}"));
-            }
-            seen[a] = true;
-        }
-        let rest: Vec<usize> = (0..self.ndim()).filter(|a| !seen[*a]).collect();
+        self.check_axes(axes)?;
+        let rest: Vec<usize> = (0..self.ndim()).filter(|a| !axes.contains(a)).collect();
         let group_size: usize = axes.iter().map(|&a| self.shape[a]).product();
         let n_groups = self.size() / group_size;
         let mut groups = Vec::with_capacity(n_groups);
@@ -237,29 +232,51 @@ impl DeviceMesh {
         Ok(groups)
     }
 
-    /// Time in seconds of one collective over the devices along `axes`, with the
-    /// ring formulas. `bytes` is the per-device buffer the collective is about:
-    /// the output of an all-gather, the input of a reduce-scatter, the buffer of
-    /// an all-reduce, all-to-all or broadcast. A group of several axes runs one
-    /// ring over all of them: its slowest link and largest latency set the pace.
-    pub fn collective_cost_s(&self, kind: Collective, bytes: f64, axes: &[usize]) -> Result<f64> {
+    /// Checks that `axes` are in range and distinct.
+    fn check_axes(&self, axes: &[usize]) -> Result<()> {
+        let mut seen = [false; MAX_MESH_AXES];
         for &a in axes {
             self.check_axis(a)?;
+            if seen[a] {
+                return invalid_mesh(format!("mesh axis {a} is named twice in {axes:?}"));
+            }
+            seen[a] = true;
         }
-        Ok(group_cost_s(
-            kind,
-            bytes,
-            axes,
-            &self.shape,
-            &self.alpha_s,
-            &self.bandwidth_bytes_per_s,
-        ))
+        Ok(())
+    }
+
+    pub fn links(&self) -> Links<'_> {
+        Links {
+            shape: &self.shape,
+            alpha_s: &self.alpha_s,
+            bandwidth_bytes_per_s: &self.bandwidth_bytes_per_s,
+        }
+    }
+
+    /// Time in seconds of one collective over the devices along `axes`: the
+    /// cheaper of one flat ring and a per-axis algorithm (see
+    /// `sharding::collective`). `bytes` is the per-device buffer the collective
+    /// is about: the output of an all-gather, the input of a reduce-scatter,
+    /// the buffer of an all-reduce, all-to-all or broadcast.
+    pub fn collective_cost_s(&self, kind: Collective, bytes: f64, axes: &[usize]) -> Result<f64> {
+        self.check_axes(axes)?;
+        Ok(collective_cost_s(kind, bytes, axes, &self.links()))
+    }
+
+    /// The algorithm `collective_cost_s` prices: its steps and their cost.
+    pub fn collective_plan(
+        &self,
+        kind: Collective,
+        bytes: f64,
+        axes: &[usize],
+    ) -> Result<CollectivePlan> {
+        self.check_axes(axes)?;
+        Ok(collective_plan(kind, bytes, axes, &self.links()))
     }
 }
 
 /// One collective over the devices along `axes` of a mesh given by its link
-/// arrays: one ring over all of them, at the pace of its slowest link and
-/// largest latency (axes of size 1 do not take part).
+/// arrays, by the cheapest algorithm (see `sharding::collective`).
 pub fn group_cost_s(
     kind: Collective,
     bytes: f64,
@@ -268,15 +285,12 @@ pub fn group_cost_s(
     alpha_s: &[f64],
     bandwidth_bytes_per_s: &[f64],
 ) -> f64 {
-    let mut n = 1;
-    let mut bw = f64::INFINITY;
-    let mut alpha = 0.0f64;
-    for &a in axes.iter().filter(|&&a| shape[a] > 1) {
-        n *= shape[a];
-        bw = bw.min(bandwidth_bytes_per_s[a]);
-        alpha = alpha.max(alpha_s[a]);
-    }
-    ring_cost_s(kind, bytes, n, bw, alpha)
+    let links = Links {
+        shape,
+        alpha_s,
+        bandwidth_bytes_per_s,
+    };
+    collective_cost_s(kind, bytes, axes, &links)
 }
 
 /// Ring alpha-beta formulas; a group of one device costs nothing.
@@ -356,7 +370,10 @@ mod tests {
         let ag = m
             .collective_cost_s(Collective::AllGather, 1e6, &[0, 1])
             .unwrap();
-        assert!((ag - (7.0 / 8.0 * 1e6 / 1e8 + 2e-5)).abs() < 1e-15);
+        // Per axis beats one ring at the slow axis's pace (7/8 * 1e6 / 1e8 + 2e-5):
+        // gather the quarter along the slow axis, then the whole along the fast one.
+        let per_axis = 0.5 * 0.25e6 / 1e8 + 2e-5 + 0.75 * 1e6 / 1e9 + 1e-5;
+        assert!((ag - per_axis).abs() < 1e-15);
         let bc = m
             .collective_cost_s(Collective::Broadcast, 1e6, &[1])
             .unwrap();

@@ -3,6 +3,7 @@
 //! search with a process-wide cache). Serves `automap.sharding` and the costs of
 //! every later stage.
 
+pub mod collective;
 pub mod enumerate;
 pub mod layout;
 pub mod mesh;

@@ -25,9 +25,11 @@ def test_delta_is_data_parallel_across_numa_and_tensor_parallel_inside():
     assert len(block) == 4 * 6
     for n in block:
         activation, weight = n.inputs[0], n.inputs[1]
-        assert _axes(activation, 0) == [0], (n.module_path, activation)  # batch across NUMA
+        # The batch is split across NUMA (and, since a gradient all-reduce over
+        # several axes is priced per axis, often inside a node too).
+        assert 0 in _axes(activation, 0), (n.module_path, activation)
         weight_axes = {a for d in ShardingSpec.parse(weight).dims for a in d}
         assert weight_axes and weight_axes <= {1, 2}, (n.module_path, weight)  # TP inside
-        assert n.grad_reduce_axes[1] == [0]  # the weight gradient syncs across NUMA
+        assert 0 in n.grad_reduce_axes[1]  # the weight gradient syncs across NUMA
     assert ours.predicted_peak_memory_bytes <= 80e9
     assert megatron.predicted_step_s / ours.predicted_step_s > 1.0

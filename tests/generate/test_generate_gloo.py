@@ -117,6 +117,25 @@ def test_parallel_training_equals_serial(mesh_shape):
     assert not failures, "\n".join(failures)
 
 
+def test_parallel_training_equals_serial_with_per_axis_collectives():
+    """Links under which every collective over both axes of a (2,2) mesh above a
+    few bytes runs per axis (reduce-scatter along the fast axis 1, all-reduce
+    along axis 0, all-gather back): the gradient buckets of data parallelism
+    over both axes and the solver's reductions train like the serial model."""
+    mesh = DeviceMesh((2, 2), alpha_s=1e-8, bandwidth_bytes_per_s=[1e9, 1e11])
+    assert [s.kind for s in mesh.collective_plan("all_reduce", 1024, (0, 1)).steps] == [
+        "reduce_scatter", "all_reduce", "all_gather"]
+    cases = [{"model": m, "mesh": mesh.to_dict(), "plan": p}
+             for m, p in [("gpt2", "dp_tokens"), ("gpt2", "solver_slow"), ("mlp", "solver_slow")]]
+    results = run_on_gloo(train_cases, mesh.size, cases, timeout_s=600)
+    failures = _report(mesh.shape, results)
+    assert not failures, "\n".join(failures)
+    # Collectives over both axes ran: in the graph, or as data-parallel gradient buckets.
+    both = [c["case"]["plan"] for c in results[0]
+            if "group_0_1" in c["code"] or "group_1_0" in c["code"] or c["buckets"]]
+    assert "dp_tokens" in both and len(both) >= 2, both
+
+
 def test_ill_conditioned_adamw_in_float64():
     """AdamW with eps 1e-6, where fp32 training of the ResNet is ill-conditioned
     (its serial fp32 run ends 1.6e-3 from fp64, see FP32_NOISE), in float64: the

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import torch
 
@@ -64,7 +65,6 @@ def check_collectives(rank: int, world: int, mesh_dict: dict) -> list[str]:
     """Each autograd collective against its definition on full tensors, on
     every single axis and every ordered pair of axes of the mesh."""
     import itertools
-    from functools import partial
 
     from automap.sharding.collectives import (
         all_gather_dim,
@@ -115,3 +115,126 @@ def check_collectives(rank: int, world: int, mesh_dict: dict) -> list[str]:
             _check_collective(failures, f"{name} axes {axes} rank {rank}", fn, x, want_y,
                               upstream, want_grad)
     return failures
+
+
+_RECORDED = {  # torch.distributed call -> (collective, index of the buffer the price is about)
+    "all_reduce": ("all_reduce", 0),
+    "all_gather_into_tensor": ("all_gather", 0),
+    "reduce_scatter_tensor": ("reduce_scatter", 1),
+    "all_to_all_single": ("all_to_all", 1),
+}
+
+
+def _record_calls(log: list) -> None:
+    """Make every collective call of torch.distributed append (kind, group ranks,
+    bytes) to ``log``: what the program really executes."""
+    import torch.distributed as dist
+
+    for name, (kind, buffer) in _RECORDED.items():
+        original = getattr(dist, name)
+
+        def wrapper(*args, _original=original, _kind=kind, _buffer=buffer, **kwargs):
+            t = args[_buffer]
+            ranks = tuple(sorted(dist.get_process_group_ranks(kwargs["group"])))
+            log.append((_kind, ranks, t.numel() * t.element_size()))
+            return _original(*args, **kwargs)
+
+        setattr(dist, name, wrapper)
+
+
+def check_collective_algorithms(rank: int, world: int, mesh_dicts: list) -> dict:
+    """For every collective over every ordered set of two or more axes of each
+    mesh, on a small and a large buffer: the process-group calls the program
+    makes (recorded) are the steps ``mesh.collective_plan`` priced, and the
+    values equal those of one flat call on the whole group (gathers and
+    exchanges exactly, sums to float tolerance), forward and backward; the
+    bucketed gradient all-reduce too. Returns the failures and, per collective,
+    the algorithms seen ("flat", or the kinds of the per-axis steps)."""
+    import itertools
+
+    log: list = []
+    _record_calls(log)
+    failures: list[str] = []
+    seen: dict[str, set] = {}
+    for mesh_dict in mesh_dicts:
+        mesh = DeviceMesh.from_dict(mesh_dict)
+        groups = mesh.process_groups()
+        axis_sets = [p for k in range(2, mesh.ndim + 1)
+                     for p in itertools.permutations(range(mesh.ndim), k)]
+        for axes, rows in itertools.product(axis_sets, (2, 400, 2**15)):
+            _check_algorithms_on(mesh, groups.axis_group(axes), rows, rank, log, seen, failures)
+    return {"failures": failures[:20], "seen": {k: sorted(v) for k, v in seen.items()}}
+
+
+def _check_algorithms_on(mesh, g, rows, rank, log, seen, failures) -> None:
+    from torch import nn
+
+    from automap.generate.grad_sync import GradientSync
+    from automap.sharding import collectives as c
+
+    def expect(kind, nbytes):
+        plan = mesh.collective_plan(kind, nbytes, g.axes)
+        seen.setdefault(kind, set()).add(
+            "flat" if plan.flat else " ".join(step.kind for step in plan.steps))
+        return [(s.kind, tuple(sorted(next(m for m in mesh.axis_groups(s.axes) if rank in m))),
+                 s.nbytes) for s in plan.steps]
+
+    def same(a, b, exact):
+        return torch.equal(a, b) if exact else torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+    # The flat version: one call on the whole group.
+    def flat_ar(t):
+        return c._finish(c._flat_all_reduce(t.clone(), g))
+
+    def flat_ag(t, d):
+        return c._finish(c._flat_gather(t, d, g))
+
+    def flat_a2a(t, s, d):
+        return c._finish(c._flat_all_to_all(t, s, d, g))
+
+    n, label = g.size, f"mesh {mesh.shape} axes {g.axes} rows {rows} rank {rank}"
+    gen = torch.Generator().manual_seed(11 + rank)  # each rank's own partial values
+    x = torch.randn((rows * n, 4 * n), generator=gen)
+    up = torch.randn((rows * n, 4 * n), generator=gen)
+    xb = x.numel() * 4
+    narrow, short = x[:, :4], x[:rows]  # (rows n, 4) and (rows, 4 n)
+    cases = [  # name, function, input, upstream, flat output, flat gradient, priced calls
+        ("all_reduce_sum", partial(c.all_reduce_sum, group=g), x, up, flat_ar(x), up,
+         expect("all_reduce", xb)),
+        ("identity_all_reduce_grad", partial(c.identity_all_reduce_grad, group=g), x, up, x,
+         flat_ar(up), expect("all_reduce", xb)),
+        ("reduce_scatter_dim", partial(c.reduce_scatter_dim, dim=0, group=g), x, up[:rows],
+         c._finish(c._flat_reduce_scatter(x, 0, g)), flat_ag(up[:rows], 0),
+         expect("reduce_scatter", xb) + expect("all_gather", xb)),
+        ("all_gather_dim", partial(c.all_gather_dim, dim=1, group=g), narrow, up,
+         flat_ag(narrow, 1), up.chunk(n, 1)[g.index], expect("all_gather", xb)),
+        ("all_to_all_dims", partial(c.all_to_all_dims, src_dim=0, dst_dim=1, group=g), short,
+         up[:, :4], flat_a2a(short, 0, 1), flat_a2a(up[:, :4], 1, 0),
+         expect("all_to_all", xb // n) * 2),
+    ]
+    for name, fn, inp, upstream, want_y, want_grad, calls in cases:
+        exact = "reduce" not in name
+        t = inp.clone().requires_grad_(True)
+        del log[:]
+        y = fn(t)
+        y.backward(upstream)
+        if log != calls:
+            failures.append(f"{name} {label}: executed {log}, priced {calls}")
+        if not same(y.detach(), want_y, exact):
+            failures.append(f"{name} {label}: forward differs from the flat call")
+        if not same(t.grad, want_grad, exact):
+            failures.append(f"{name} {label}: backward differs from the flat call")
+    # Bucketed gradient sync: two buckets of one parameter each; the second launch
+    # moves the first on, so the calls interleave: compare them as a multiset.
+    params = [nn.Parameter(torch.zeros_like(x)), nn.Parameter(torch.zeros(x.shape[0]))]
+    want = [flat_ar(x), flat_ar(up[:, 0].contiguous())]
+    calls = expect("all_reduce", xb) + expect("all_reduce", xb // 4 // n)
+    sync = GradientSync([(p, g) for p in params], bucket_bytes=xb)
+    del log[:]
+    ((params[0] * x).sum() + (params[1] * up[:, 0]).sum()).backward()
+    if sorted(log) != sorted(calls):
+        failures.append(f"GradientSync {label}: executed {log}, priced {calls}")
+    if not all(same(p.grad, w, False) for p, w in zip(params, want)):
+        failures.append(f"GradientSync {label}: sums differ from the flat call")
+    for h in sync.handles:
+        h.remove()

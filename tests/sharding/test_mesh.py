@@ -1,4 +1,4 @@
-"""Device mesh: rank/coordinate mapping, axis groups, ring cost formulas, errors."""
+"""Device mesh: rank/coordinate mapping, axis groups, collective costs and algorithms, errors."""
 
 from __future__ import annotations
 
@@ -27,9 +27,36 @@ def test_ring_formulas_per_axis_and_group():
     assert mesh.reduce_scatter_cost_s(b, 0) == pytest.approx(3 / 4 * b / 1e11 + 1e-6)
     assert mesh.all_to_all_cost_s(b, 1) == pytest.approx(1 / 2 * b / 1e10 + 1e-5)
     assert mesh.broadcast_cost_s(b, 0) == pytest.approx(b / 1e11 + 1e-6)
-    # A group of axes runs one ring at its slowest link and largest latency.
-    assert mesh.all_reduce_cost_s(b, (0, 1)) == pytest.approx(2 * 7 / 8 * b / 1e10 + 1e-5)
     assert DeviceMesh((1, 4)).all_reduce_cost_s(b, 0) == 0.0
+
+
+def test_collectives_over_several_axes_cost_the_algorithm_that_runs():
+    # Axis 0 fast (4 devices), axis 1 slow (2 devices).
+    mesh = DeviceMesh((4, 2), alpha_s=[1e-6, 1e-5], bandwidth_bytes_per_s=[1e11, 1e10])
+    b = 1e8
+    plan = mesh.collective_plan("all_reduce", b, (1, 0))
+    # Reduce-scatter inside the fast axis, all-reduce the quarter across the slow
+    # one, all-gather back: 4.0 ms, where one ring at the slow pace takes 17.5 ms.
+    assert not plan.flat
+    assert [(s.kind, s.axes, s.nbytes) for s in plan.steps] == [
+        ("reduce_scatter", [0], b), ("all_reduce", [1], b / 4), ("all_gather", [0], b)]
+    inner = 3 / 4 * b / 1e11 + 1e-6
+    assert plan.cost_s == pytest.approx(2 * inner + 2 * 1 / 2 * (b / 4) / 1e10 + 1e-5)
+    assert plan.cost_s == pytest.approx(sum(s.cost_s for s in plan.steps))
+    assert mesh.all_reduce_cost_s(b, (0, 1)) == plan.cost_s
+    assert plan.cost_s < 2 * 7 / 8 * b / 1e10 + 1e-5
+    gather = mesh.collective_plan("all_gather", b, (0, 1))
+    assert [(s.kind, s.axes, s.nbytes) for s in gather.steps] == [
+        ("all_gather", [1], b / 4), ("all_gather", [0], b)]
+    # A few bytes: latency decides, and one ring pays one latency.
+    small = mesh.collective_plan("all_reduce", 64, (0, 1))
+    assert small.flat and [s.axes for s in small.steps] == [[0, 1]]
+    assert small.cost_s == pytest.approx(2 * 7 / 8 * 64 / 1e10 + 1e-5)
+    # Equal links: the ring moves the same bytes as any chain, with one latency.
+    uniform = DeviceMesh((4, 2))
+    for kind in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast"):
+        assert uniform.collective_plan(kind, b, (0, 1)).flat
+    assert DeviceMesh((1, 4)).collective_plan("all_reduce", b, (0,)).steps == []
 
 
 @pytest.mark.parametrize(
@@ -57,6 +84,8 @@ def test_bad_queries_raise_typed_errors():
         mesh.all_reduce_cost_s(1.0, 2)
     with pytest.raises(InvalidMeshError, match="named twice"):
         mesh.axis_groups([0, 0])
+    with pytest.raises(InvalidMeshError, match="named twice"):
+        mesh.collective_plan("all_reduce", 1.0, [1, 1])
     with pytest.raises(ValueError, match="unknown collective"):
         mesh.collective_cost_s("gather_all", 1.0)
 

@@ -6,7 +6,9 @@ use of the parameter reduces its gradient over the same axes with no layout
 conversion in between (the plain data-parallel case): the gradient then equals
 the all-reduce of the accumulated ``.grad``. Gradients are packed into buckets
 (TAP/DDP style), each all-reduced asynchronously as soon as all its gradients
-are accumulated during the backward; the end of the backward waits for them, so
+are accumulated during the backward, by the algorithm the mesh's link model
+chooses (over several axes possibly in per-axis steps, see
+``automap.sharding.collectives``); the end of the backward waits for them, so
 ``loss.backward()`` returns synchronised gradients and any optimizer works
 unchanged. Gradient accumulation over several backward calls stays exact: a
 gradient that existed before the backward is subtracted out of the sum again.
@@ -17,20 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from automap.sharding.collectives import tagged
+from automap.sharding.collectives import PendingAllReduce, tagged
 from automap.sharding.process_groups import AxisGroup
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20
-
-
-class _Done:
-    """The finished work of a simulated all-reduce."""
-
-    def wait(self) -> None:
-        return None
 
 
 @dataclass
@@ -38,7 +32,7 @@ class _Bucket:
     group: AxisGroup
     params: list[nn.Parameter]
     ready: set = field(default_factory=set)
-    work: object = None
+    work: PendingAllReduce | None = None
     flat: torch.Tensor | None = None
 
 
@@ -89,12 +83,15 @@ class GradientSync:
         grads = [p.grad for p in bucket.params if p.grad is not None]
         if not grads or bucket.group.size == 1:
             return
+        # An all-reduce over several axes may run in steps (reduce-scatter, all-reduce,
+        # all-gather): each launch moves the earlier buckets one step on, at the same
+        # point of the backward on every rank, so every group sees the same order.
+        for other in self.buckets:
+            if other.work is not None:
+                other.work.advance()
         with tagged("gradient_buckets"):
             bucket.flat = torch.cat([g.reshape(-1) for g in grads])
-        if bucket.group.simulated:  # a fake run: the buffer exists, nothing is sent
-            bucket.work = _Done()
-            return
-        bucket.work = dist.all_reduce(bucket.flat, group=bucket.group.group, async_op=True)
+            bucket.work = PendingAllReduce(bucket.flat, bucket.group)
 
     def finish(self) -> None:
         """Wait for every bucket and write the sums back (end of the backward)."""

@@ -5,8 +5,8 @@ ranges) computed for this rank when the module was generated."""
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
+from automap.sharding.collectives import all_reduce_
 from automap.sharding.process_groups import AxisGroup
 
 
@@ -43,6 +43,4 @@ def loss_denominator(
     else:
         local = (weight[target.masked_fill(~valid, 0)] * valid).sum().to(torch.float32)
     local = local.detach().clone()
-    if group.size > 1 and not group.simulated:
-        dist.all_reduce(local, group=group.group)
-    return local
+    return all_reduce_(local, group)

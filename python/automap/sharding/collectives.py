@@ -11,18 +11,32 @@
 A tensor replicated along an axis has the same gradient on every replica, so
 the dual of a gather is a local split. Shards are ordered by shard index
 along the group's axes (``AxisGroup.index``), whatever torch's member order.
+
+Over several mesh axes each collective runs the algorithm the planner priced
+(``DeviceMesh.collective_plan``, asked through ``AxisGroup.algorithm``): one
+call on the group's process group, or one call per step on the per-axis
+groups (e.g. reduce-scatter along the fast axis, all-reduce the share along
+the slow one, all-gather back). Both give the flat call's values, up to the
+order of floating-point sums.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
+import math
+from collections.abc import Generator
 
 import torch
 import torch.distributed as dist
 
 from automap.sharding.process_groups import AxisGroup
+
+Steps = Generator[object, None, torch.Tensor]
+"""A collective as a generator: it launches each step asynchronously, yields the
+step's work handle and resumes once the caller has waited for it; its return
+value is the result (``_finish`` drives one to the end)."""
+
 
 #: What the tensors allocated now are for ("communication" inside a collective), for
 #: the memory breakdown of a simulated step (``automap.generate.simulate``).
@@ -40,22 +54,39 @@ def tagged(tag: str):
         buffer_tag.reset(token)
 
 
-def _communication(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        with tagged("communication"):
-            return fn(*args, **kwargs)
+def _finish(steps: Steps) -> torch.Tensor:
+    with tagged("communication"):
+        try:
+            work = next(steps)
+            while True:
+                work.wait()
+                work = steps.send(None)
+        except StopIteration as done:
+            return done.value
 
-    return wrapper
+
+class _Done:
+    """The work of a simulated collective: already finished."""
+
+    def wait(self) -> None:
+        return None
 
 
-def _staged_by_gloo(g: AxisGroup, like: torch.Tensor) -> None:
-    """What a simulated collective allocates besides its result: gloo stages
+def _launch(call, g: AxisGroup, *tensors, staged: torch.Tensor | None = None):
+    """Start ``call(*tensors, group=..., async_op=True)`` on ``g``; in a simulated
+    step, only allocate what the backend would besides the result: gloo stages
     ``all_gather_into_tensor`` through a copy of the output and
-    ``reduce_scatter_tensor`` through a copy of the input (measured with the
-    profiler's memory events); NCCL works in place."""
-    if g.group.backend == "gloo":
-        torch.empty_like(like)
+    ``reduce_scatter_tensor`` through a copy of the input (``staged``; measured
+    with the allocator's events); NCCL works in place."""
+    if not g.simulated:
+        return call(*tensors, group=g.group, async_op=True)
+    if staged is not None and g.group.backend == "gloo":
+        torch.empty_like(staged)
+    return _Done()
+
+
+def _nbytes(x: torch.Tensor) -> int:
+    return x.numel() * x.element_size()
 
 
 def _merge_leading(stacked: torch.Tensor, dim: int) -> torch.Tensor:
@@ -74,70 +105,188 @@ def _stack_chunks(x: torch.Tensor, dim: int, n: int, order) -> torch.Tensor:
     return torch.stack(chunks).contiguous()
 
 
-@_communication
-def _gather(x: torch.Tensor, dim: int, g: AxisGroup) -> torch.Tensor:
-    if g.size == 1:
-        return x
+# One collective call on one process group (a flat ring over its ranks). ---------------
+
+def _flat_gather(x: torch.Tensor, dim: int, g: AxisGroup) -> Steps:
     x = x.contiguous()
     out = x.new_empty((g.size * x.shape[0],) + tuple(x.shape[1:]))
-    if not g.simulated:
-        dist.all_gather_into_tensor(out, x, group=g.group)
-    else:
-        _staged_by_gloo(g, out)
+    yield _launch(dist.all_gather_into_tensor, g, out, x, staged=out)
     stacked = out.view((g.size,) + tuple(x.shape))
     if g.shard_of_group_rank is not None:
         stacked = stacked[list(g.group_rank_of_shard)]
     return _merge_leading(stacked, dim)
 
 
-@_communication
-def _split(x: torch.Tensor, dim: int, g: AxisGroup) -> torch.Tensor:
-    if g.size == 1:
-        return x
-    return x.chunk(g.size, dim)[g.index].contiguous()
-
-
-@_communication
-def _all_to_all(x: torch.Tensor, src_dim: int, dst_dim: int, g: AxisGroup) -> torch.Tensor:
-    if g.size == 1:
-        return x
+def _flat_all_to_all(x: torch.Tensor, src_dim: int, dst_dim: int, g: AxisGroup) -> Steps:
     send = _stack_chunks(x, dst_dim, g.size, g.shard_of_group_rank)
     recv = torch.empty_like(send)
-    if not g.simulated:
-        dist.all_to_all_single(recv, send, group=g.group)
+    yield _launch(dist.all_to_all_single, g, recv, send)
     if g.shard_of_group_rank is not None:
         recv = recv[list(g.group_rank_of_shard)]
     return _merge_leading(recv, src_dim)
 
 
-@_communication
+def _flat_all_reduce(x: torch.Tensor, g: AxisGroup) -> Steps:
+    """Sums ``x`` (contiguous) in place."""
+    yield _launch(dist.all_reduce, g, x)
+    return x
+
+
+def _flat_reduce_scatter(x: torch.Tensor, dim: int, g: AxisGroup) -> Steps:
+    send = _stack_chunks(x, dim, g.size, g.shard_of_group_rank)
+    out = send.new_empty(send.shape[1:])
+    yield _launch(dist.reduce_scatter_tensor, g, out, send.view((-1,) + tuple(send.shape[2:])),
+                  staged=send)
+    return out
+
+
+# A collective over a group by the algorithm its price assumed: one flat call, or
+# one call per step on the steps' groups. A dim split over the group's axes is
+# viewed as one sub-dim per axis (in the group's order, the first most
+# significant) before the local rest; each step gathers, scatters or exchanges
+# the sub-dim of its axis, so every shard lands where the flat call puts it.
+
+def _sub_dims(g: AxisGroup) -> list[int]:
+    shape = g.owner.mesh.shape
+    return [shape[a] for a in g.axes]
+
+
+def _gather(x: torch.Tensor, dim: int, g: AxisGroup) -> Steps:
+    if g.size == 1:
+        return x
+    plan = g.algorithm("all_gather", _nbytes(x) * g.size)
+    if plan.flat:
+        return (yield from _flat_gather(x, dim, g))
+    k = len(g.axes)
+    y = x.unflatten(dim, (1,) * k + (-1,))
+    for step in plan.steps:
+        y = yield from _flat_gather(y, dim + g.axes.index(step.axes[0]), g.along(step.axes))
+    return y.flatten(dim, dim + k)
+
+
+def _reduce_scatter(x: torch.Tensor, dim: int, g: AxisGroup) -> Steps:
+    if g.size == 1:
+        return x
+    plan = g.algorithm("reduce_scatter", _nbytes(x))
+    if plan.flat:
+        return (yield from _flat_reduce_scatter(x, dim, g))
+    k = len(g.axes)
+    y = x.unflatten(dim, _sub_dims(g) + [-1])
+    for step in plan.steps:
+        y = yield from _flat_reduce_scatter(y, dim + g.axes.index(step.axes[0]),
+                                            g.along(step.axes))
+    return y.flatten(dim, dim + k)
+
+
+def _all_to_all(x: torch.Tensor, src_dim: int, dst_dim: int, g: AxisGroup) -> Steps:
+    if g.size == 1:
+        return x
+    plan = g.algorithm("all_to_all", _nbytes(x))
+    if plan.flat:
+        return (yield from _flat_all_to_all(x, src_dim, dst_dim, g))
+    k = len(g.axes)
+    # Unflatten (and later flatten) the later dim first: the earlier keeps its index.
+    whole = (1,) * k + (-1,)
+    split = _sub_dims(g) + [-1]
+    if src_dim > dst_dim:
+        y = x.unflatten(src_dim, whole).unflatten(dst_dim, split)
+        src0, dst0 = src_dim + k, dst_dim
+    else:
+        y = x.unflatten(dst_dim, split).unflatten(src_dim, whole)
+        src0, dst0 = src_dim, dst_dim + k
+    for step in plan.steps:
+        j = g.axes.index(step.axes[0])
+        y = yield from _flat_all_to_all(y, src0 + j, dst0 + j, g.along(step.axes))
+    first, last = sorted((src0, dst0))
+    return y.flatten(last, last + k).flatten(first, first + k)
+
+
+def _all_reduce_into(x: torch.Tensor, g: AxisGroup) -> Steps:
+    """Sums ``x`` (contiguous) over the group in place. Per axis: the flattened
+    buffer (padded to a multiple of the scattered axes' sizes) is scattered,
+    its share summed along the other axes, and gathered back."""
+    if g.size == 1:
+        return x
+    plan = g.algorithm("all_reduce", _nbytes(x))
+    if plan.flat:
+        return (yield from _flat_all_reduce(x, g))
+    shape = g.owner.mesh.shape
+    scattered = [step.axes[0] for step in plan.steps if step.kind == "reduce_scatter"]
+    flat = x.view(-1)
+    pad = -flat.numel() % math.prod(shape[a] for a in scattered)
+    y = torch.cat([flat, flat.new_zeros(pad)]) if pad else flat
+    y = y.view([shape[a] for a in scattered] + [-1])
+    for step in plan.steps:
+        group = g.along(step.axes)
+        if step.kind == "reduce_scatter":
+            y = yield from _flat_reduce_scatter(y, scattered.index(step.axes[0]), group)
+        elif step.kind == "all_gather":
+            y = yield from _flat_gather(y, scattered.index(step.axes[0]), group)
+        else:
+            y = yield from _flat_all_reduce(y.contiguous(), group)
+    flat.copy_(y.reshape(-1)[:flat.numel()])
+    return x
+
+
 def _all_reduce(x: torch.Tensor, g: AxisGroup) -> torch.Tensor:
     if g.size == 1:
         return x
-    out = x.contiguous().clone()
-    if not g.simulated:
-        dist.all_reduce(out, group=g.group)
-    return out
+    return _finish(_all_reduce_into(x.contiguous().clone(), g))
 
 
-@_communication
-def _reduce_scatter(x: torch.Tensor, dim: int, g: AxisGroup) -> torch.Tensor:
+def _split(x: torch.Tensor, dim: int, g: AxisGroup) -> torch.Tensor:
     if g.size == 1:
         return x
-    send = _stack_chunks(x, dim, g.size, g.shard_of_group_rank)
-    out = send.new_empty(send.shape[1:])
-    if not g.simulated:
-        dist.reduce_scatter_tensor(out, send.view((-1,) + tuple(send.shape[2:])), group=g.group)
-    else:
-        _staged_by_gloo(g, send)
-    return out
+    with tagged("communication"):
+        return x.chunk(g.size, dim)[g.index].contiguous()
+
+
+def all_reduce_(x: torch.Tensor, group: AxisGroup) -> torch.Tensor:
+    """Sum ``x`` (contiguous, outside autograd) over the group in place."""
+    return _finish(_all_reduce_into(x, group))
+
+
+class PendingAllReduce:
+    """An in-place all-reduce of ``x`` (contiguous) over ``group`` by its planned
+    algorithm, one asynchronous step at a time: ``advance()`` waits for the
+    running step and launches the next unless it is the last, ``wait()`` runs it
+    to the end. Each step is a collective, so every rank of the group must call
+    these at the same points of its program."""
+
+    def __init__(self, x: torch.Tensor, group: AxisGroup) -> None:
+        self.result = x
+        self._left = 0 if group.size == 1 else len(
+            group.algorithm("all_reduce", _nbytes(x)).steps)
+        self._steps = _all_reduce_into(x, group)
+        self._work = None
+        self._resume(None)
+
+    def _resume(self, value) -> None:
+        try:
+            self._work = self._steps.send(value)
+        except StopIteration:
+            self._work = None
+
+    def _step(self) -> None:
+        self._work.wait()
+        self._left -= 1
+        self._resume(None)
+
+    def advance(self) -> None:
+        if self._work is not None and self._left > 1:
+            self._step()
+
+    def wait(self) -> torch.Tensor:
+        while self._work is not None:
+            self._step()
+        return self.result
 
 
 class _AllGatherDim(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dim, g):
         ctx.dim, ctx.g = dim, g
-        return _gather(x, dim, g)
+        return _finish(_gather(x, dim, g))
 
     @staticmethod
     def backward(ctx, grad):
@@ -152,18 +301,18 @@ class _SplitDim(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _gather(grad, ctx.dim, ctx.g), None, None
+        return _finish(_gather(grad, ctx.dim, ctx.g)), None, None
 
 
 class _AllToAllDims(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, src_dim, dst_dim, g):
         ctx.src_dim, ctx.dst_dim, ctx.g = src_dim, dst_dim, g
-        return _all_to_all(x, src_dim, dst_dim, g)
+        return _finish(_all_to_all(x, src_dim, dst_dim, g))
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_to_all(grad, ctx.dst_dim, ctx.src_dim, ctx.g), None, None, None
+        return _finish(_all_to_all(grad, ctx.dst_dim, ctx.src_dim, ctx.g)), None, None, None
 
 
 class _AllReduceSum(torch.autograd.Function):
@@ -191,11 +340,11 @@ class _ReduceScatterDim(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dim, g):
         ctx.dim, ctx.g = dim, g
-        return _reduce_scatter(x, dim, g)
+        return _finish(_reduce_scatter(x, dim, g))
 
     @staticmethod
     def backward(ctx, grad):
-        return _gather(grad, ctx.dim, ctx.g), None, None
+        return _finish(_gather(grad, ctx.dim, ctx.g)), None, None
 
 
 def all_gather_dim(x: torch.Tensor, dim: int, group: AxisGroup) -> torch.Tensor:

@@ -123,10 +123,21 @@ class DeviceMesh:
 
     # Costs ------------------------------------------------------------------
     def collective_cost_s(self, kind: str, nbytes: float, axes=(0,)) -> float:
-        """Alpha-beta ring time of one collective over ``axes``. ``nbytes`` is
-        the per-device buffer: the output of an all-gather, the input of a
-        reduce-scatter, the buffer of an all-reduce, all-to-all or broadcast."""
+        """Alpha-beta time of one collective over ``axes`` by the algorithm
+        ``collective_plan`` chooses. ``nbytes`` is the per-device buffer: the
+        output of an all-gather, the input of a reduce-scatter, the buffer of
+        an all-reduce, all-to-all or broadcast."""
         return self._native.collective_cost_s(kind, float(nbytes), self._axes(axes))
+
+    def collective_plan(self, kind: str, nbytes: float, axes=(0,)) -> _core.CollectivePlan:
+        """How one collective over ``axes`` runs: the cheaper under the link
+        model of one flat ring over all their devices (``.flat``, one step) and
+        per-axis steps (e.g. an all-reduce as a reduce-scatter along the fast
+        axis, an all-reduce of the share along the slow one, an all-gather
+        back). ``.steps``: kind, axes, nbytes and cost_s of each, in order;
+        ``.cost_s`` is what ``collective_cost_s`` returns. The generated
+        program runs these steps (``automap.sharding.collectives``)."""
+        return self._native.collective_plan(kind, float(nbytes), self._axes(axes))
 
     def all_gather_cost_s(self, nbytes: float, axes=(0,)) -> float:
         return self.collective_cost_s("all_gather", nbytes, axes)

@@ -5,7 +5,7 @@ shard indices (torch orders group members by global rank, a mesh may not)."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
@@ -26,13 +26,26 @@ class AxisGroup:
 
     ``size``: members; ``index``: this rank's shard index along the axes;
     ``shard_of_group_rank[r]``: the shard index of the member whose rank in
-    ``group`` is ``r`` (None when it is the identity)."""
+    ``group`` is ``r`` (None when it is the identity); ``owner``: the
+    ``MeshProcessGroups`` it belongs to (for the groups of the per-axis steps
+    of a collective over several axes)."""
 
     group: object  # torch.distributed ProcessGroup, or None when size == 1
     axes: tuple[int, ...]
     size: int
     index: int
     shard_of_group_rank: tuple[int, ...] | None
+    owner: MeshProcessGroups = field(repr=False, compare=False)
+
+    def along(self, axes) -> AxisGroup:
+        """This rank's group along ``axes`` (one step of a collective's algorithm)."""
+        return self.owner.axis_group(axes)
+
+    def algorithm(self, kind: str, nbytes: int):
+        """How a collective ``kind`` on ``nbytes`` per device runs over this
+        group: the native core's choice (``DeviceMesh.collective_plan``), the
+        one the planner priced."""
+        return self.owner.collective_plan(kind, nbytes, self.axes)
 
     @property
     def simulated(self) -> bool:
@@ -84,6 +97,15 @@ class MeshProcessGroups:
                     if self.rank in members:
                         self._torch_groups[axes] = pg
         self._axis_groups: dict[tuple[int, ...], AxisGroup] = {}
+        self._plans: dict[tuple, object] = {}
+
+    def collective_plan(self, kind: str, nbytes: int, axes: tuple[int, ...]):
+        """``mesh.collective_plan``, memoised (the same buffers recur every step)."""
+        key = (kind, nbytes, axes)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self.mesh.collective_plan(kind, nbytes, axes)
+        return plan
 
     def axis_group(self, axes) -> AxisGroup:
         """This rank's group along ``axes`` (an axis or an ordered tuple)."""
@@ -97,18 +119,18 @@ class MeshProcessGroups:
         size = len(members)
         index = members.index(self.rank)
         if size == 1:
-            result = AxisGroup(None, axes, 1, 0, None)
+            result = AxisGroup(None, axes, 1, 0, None, self)
         else:
             pg = self._torch_groups[tuple(sorted(axes))]
             by_group_rank = dist.get_process_group_ranks(pg)
             order = tuple(members.index(r) for r in by_group_rank)
             identity = order == tuple(range(size))
-            result = AxisGroup(pg, axes, size, index, None if identity else order)
+            result = AxisGroup(pg, axes, size, index, None if identity else order, self)
         self._axis_groups[axes] = result
         return result
 
 
-class SimulatedGroups:
+class SimulatedGroups(MeshProcessGroups):
     """The groups of one ``rank`` of ``mesh`` without a process group: for running
     the generated program on fake tensors (``automap.generate.simulate``), where
     each collective allocates what it would on ``backend`` ("gloo" or "nccl") and
@@ -118,15 +140,20 @@ class SimulatedGroups:
         if rank not in mesh.ranks:
             raise InvalidMeshError(f"rank {rank} is not in the mesh {mesh.ranks}")
         self.mesh = mesh
-        self.rank = rank
         self.device = None
+        self.rank = rank
         self.in_mesh = True
         self.coordinate = mesh.coordinate(rank)
         self.group = SimulatedProcessGroup(backend)
+        self._axis_groups = {}
+        self._plans = {}
 
     def axis_group(self, axes) -> AxisGroup:
         axes = (axes,) if isinstance(axes, int) else tuple(axes)
-        members = next(g for g in self.mesh.axis_groups(list(axes)) if self.rank in g)
-        if len(members) == 1:
-            return AxisGroup(None, axes, 1, 0, None)
-        return AxisGroup(self.group, axes, len(members), members.index(self.rank), None)
+        cached = self._axis_groups.get(axes)
+        if cached is None:
+            members = next(g for g in self.mesh.axis_groups(list(axes)) if self.rank in g)
+            group = self.group if len(members) > 1 else None
+            cached = self._axis_groups[axes] = AxisGroup(group, axes, len(members),
+                                                         members.index(self.rank), None, self)
+        return cached

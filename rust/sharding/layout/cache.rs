@@ -2,6 +2,12 @@
 //! (mesh link model, global shape, dtype size); it caches the optimal path of
 //! every (source, target) pair asked for. Contexts are interned in a global
 //! registry, so the ILP, the explainer and the runtime all share one cache.
+//!
+//! A path is always the single-pair search's (`optimal_path`), a pure function
+//! of the pair: where several paths cost the same, the one-to-many search of a
+//! cost matrix may settle on another, so its results are kept as costs only.
+//! Otherwise a rank that planned (and filled its cache from matrices) would run
+//! other collectives than a rank that did not.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -17,6 +23,8 @@ use crate::sharding::spec::ShardingSpec;
 pub struct LayoutContext {
     problem: LayoutProblem,
     paths: Mutex<FxHashMap<(u64, u64), Arc<LayoutPath>>>,
+    /// (forward, backward) seconds of pairs a cost matrix searched.
+    costs: Mutex<FxHashMap<(u64, u64), (f64, f64)>>,
 }
 
 /// Forward and backward seconds of every (source, target) pair, row-major.
@@ -36,6 +44,7 @@ impl LayoutContext {
         LayoutContext {
             problem,
             paths: Mutex::new(FxHashMap::default()),
+            costs: Mutex::new(FxHashMap::default()),
         }
     }
 
@@ -87,14 +96,20 @@ impl LayoutContext {
         };
         let mut missing_rows = Vec::new();
         {
-            let cache = self.paths.lock().unwrap();
+            let paths = self.paths.lock().unwrap();
+            let costs = self.costs.lock().unwrap();
             let mut hits = 0;
             for (i, s) in srcs.iter().enumerate() {
                 let mut row_misses = false;
                 for (j, d) in dsts.iter().enumerate() {
-                    if let Some(p) = cache.get(&(s.key(), d.key())) {
-                        m.forward_s[i * cols + j] = p.forward_cost_s;
-                        m.backward_s[i * cols + j] = p.backward_cost_s;
+                    let key = (s.key(), d.key());
+                    let found = match paths.get(&key) {
+                        Some(p) => Some((p.forward_cost_s, p.backward_cost_s)),
+                        None => costs.get(&key).copied(),
+                    };
+                    if let Some((fwd, bwd)) = found {
+                        m.forward_s[i * cols + j] = fwd;
+                        m.backward_s[i * cols + j] = bwd;
                         hits += 1;
                     } else {
                         row_misses = true;
@@ -123,12 +138,10 @@ impl LayoutContext {
             }
             MISSES.fetch_add(missing.len() as u64, Ordering::Relaxed);
             let paths = optimal_paths_from(&self.problem, src, &missing);
-            let mut cache = self.paths.lock().unwrap();
+            let mut costs = self.costs.lock().unwrap();
             for path in paths {
                 let (dst, fwd, bwd) = (path.dst, path.forward_cost_s, path.backward_cost_s);
-                cache
-                    .entry((src.key(), dst.key()))
-                    .or_insert_with(|| Arc::new(path));
+                costs.insert((src.key(), dst.key()), (fwd, bwd));
                 for (j, d) in dsts.iter().enumerate() {
                     if *d == dst {
                         m.forward_s[i * cols + j] = fwd;
@@ -228,6 +241,26 @@ mod tests {
         assert!(a
             .path(&ShardingSpec::parse("S012R").unwrap(), &bad)
             .is_err());
+    }
+
+    #[test]
+    fn paths_do_not_depend_on_the_matrices_searched_before() {
+        // Near-zero latencies: many conversions have several paths of equal cost.
+        let mesh = DeviceMesh::new(vec![2, 2], None, vec![1e-8; 2], vec![1e9, 1e11]).unwrap();
+        let shape = [8, 8, 4];
+        let ctx = layout_context(&mesh, &shape, 4);
+        let specs = crate::sharding::enumerate::enumerate_specs(&shape, mesh.shape());
+        let m = ctx.cost_matrix(&specs, &specs).unwrap();
+        let problem = LayoutProblem::new(&mesh, &shape, 4);
+        for (i, s) in specs.iter().enumerate() {
+            for (j, d) in specs.iter().enumerate() {
+                let fresh = optimal_path(&problem, *s, *d);
+                let cached = ctx.path(s, d).unwrap();
+                assert_eq!(cached.steps, fresh.steps, "{s} -> {d}");
+                let total = m.forward_s[i * specs.len() + j] + m.backward_s[i * specs.len() + j];
+                assert!((total - fresh.cost_s()).abs() <= 1e-12 * fresh.cost_s().max(1e-9));
+            }
+        }
     }
 
     #[test]

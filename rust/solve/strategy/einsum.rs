@@ -48,7 +48,8 @@ pub struct CostModel {
 }
 
 impl CostModel {
-    /// One collective over a set of mesh axes (one ring over all of them).
+    /// One collective over a set of mesh axes, by the algorithm that will run it
+    /// (one flat ring or per-axis steps, whichever is cheaper: `sharding::collective`).
     pub fn collective_s(&self, kind: Collective, bytes: f64, axes: &[usize]) -> f64 {
         group_cost_s(
             kind,

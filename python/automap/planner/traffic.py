@@ -1,0 +1,80 @@
+"""The bytes each mesh axis carries in one training step of a plan: every
+collective the plan runs (the nodes' partial-sum reductions and gradient
+all-reduces, forward and backward, and every layout conversion's steps), each
+by the algorithm that runs it (``DeviceMesh.collective_plan``: one flat ring,
+or per-axis steps).
+
+A step's bytes are what each device sends in it under the ring formulas
+(``(n-1)/n`` of the buffer for an all-gather, reduce-scatter or all-to-all,
+twice that for an all-reduce, the buffer for a broadcast); a flat ring over
+several axes crosses the links of each, so its bytes count on every one of
+them. Depth-reduced plans count each traced block once."""
+
+from __future__ import annotations
+
+import math
+
+from automap.planner.plan import Plan
+from automap.sharding.layout import layout_path
+from automap.sharding.spec import ShardingSpec
+
+_RING_SHARE = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0, "all_reduce": 2.0}
+
+
+def _sent_bytes(kind: str, nbytes: float, n: int) -> float:
+    if n <= 1:
+        return 0.0
+    if kind == "broadcast":
+        return nbytes
+    return _RING_SHARE[kind] * (n - 1) / n * nbytes
+
+
+def collective_bytes_per_axis(plan: Plan) -> list[float]:
+    """Per mesh axis, the bytes one device sends over that axis's links in one
+    training step of ``plan`` (see the module docstring)."""
+    mesh = plan.mesh
+    per_axis = [0.0] * mesh.ndim
+
+    def carry(kind: str, nbytes: float, axes) -> None:
+        for step in mesh.collective_plan(kind, nbytes, axes).steps:
+            sent = _sent_bytes(step.kind, step.nbytes, math.prod(mesh.shape[a] for a in step.axes))
+            for a in step.axes:
+                per_axis[a] += sent
+
+    def local(full_bytes: float, spec: str) -> float:
+        return full_bytes / ShardingSpec.parse(spec).shard_count(mesh)
+
+    # Every tensor a node reads or writes is on an edge, with its global size.
+    read = {(e.consumer, e.input_index): math.prod(e.shape) * e.dtype_bytes for e in plan.edges}
+    written = {(e.producer, e.output_index): math.prod(e.shape) * e.dtype_bytes
+               for e in plan.edges}
+    for node in plan.nodes.values():
+        partial = node.partial_axes
+        for o, spec in enumerate(node.outputs):
+            if not partial or (node.name, o) not in written:
+                continue
+            if node.scatter_dim is None:
+                carry("all_reduce", local(written[(node.name, o)], spec), partial)
+            else:
+                # Reduce-scattered (its spec has the partial axes): the input was whole along them.
+                before = local(written[(node.name, o)], spec) * math.prod(
+                    mesh.shape[a] for a in partial)
+                carry("reduce_scatter", before, partial)
+                carry("all_gather", before, partial)  # its dual, in the backward
+        for i, axes in enumerate(node.grad_reduce_axes):
+            if axes and (node.name, i) in read:
+                carry("all_reduce", local(read[(node.name, i)], node.inputs[i]), axes)
+    for e in plan.edges:
+        if not e.steps:
+            continue
+        total = math.prod(e.shape) * e.dtype_bytes
+        for step in layout_path(mesh, e.src, e.dst, e.shape, e.dtype_bytes).steps:
+            n = mesh.shape[step.axis]
+            before = total / step.before.shard_count(mesh)
+            if step.kind == "all_gather":  # forward gather (the backward split is local)
+                per_axis[step.axis] += _sent_bytes("all_gather", before * n, n)
+            elif step.kind == "shard":  # backward gather of the gradient
+                per_axis[step.axis] += _sent_bytes("all_gather", before, n)
+            else:  # forward and backward exchange
+                per_axis[step.axis] += 2 * _sent_bytes("all_to_all", before, n)
+    return per_axis
