@@ -61,8 +61,12 @@ def test_reduced_depth_predicts_the_full_plan_and_restores_the_model():
     assert len(model.transformer.h) == 5  # restored
     assert reduced.solver["reduced_depth"] == [["transformer.h", 5, 2]]
     assert reduced.predicted_step_s == pytest.approx(full.predicted_step_s, rel=1e-9)
-    assert reduced.predicted_peak_memory_bytes == pytest.approx(
-        full.predicted_peak_memory_bytes, rel=1e-6)
+    # A reduced plan is not generated: its peak is the memory model's, which the
+    # full plan's simulated step checks. Each traced block stands for several at
+    # once, so the reduced timeline bounds the full one from above (within 2 %).
+    assert "simulated" not in reduced.solver and full.solver["simulated"]
+    modelled = full.solver["modelled_peak_bytes"]
+    assert modelled <= reduced.predicted_peak_memory_bytes <= 1.02 * modelled
 
 
 def test_reduced_depth_only_cuts_uniform_stacks():

@@ -77,6 +77,7 @@ class _Timeline:
         self.records: dict[int, _Record] = {}  # storage key -> live record
         self.all: list[_Record] = []
         self.node = ""
+        self.peak_node = ""
 
     def track(self, tensor: torch.Tensor, category: str | None = None) -> _Record | None:
         if tensor.layout != torch.strided:
@@ -104,6 +105,7 @@ class _Timeline:
             self.phase_peak[self.phase] = max(self.phase_peak.get(self.phase, 0), live)
             if live > self.peak:
                 self.peak, self.peak_clock, self.peak_phase = live, self.clock, self.phase
+                self.peak_node = self.node
                 self.peak_scratch = live - self.live
 
     def free(self, key: int) -> None:
@@ -183,7 +185,15 @@ class _Runner(torch.fx.Interpreter):
 
     def run_node(self, n):
         self.timeline.node = n.name
-        return super().run_node(n)
+        out = super().run_node(n)
+        for leaf in torch.utils._pytree.tree_leaves(out):
+            fn = getattr(leaf, "grad_fn", None) if isinstance(leaf, torch.Tensor) else None
+            if fn is not None:  # the backward of this node tells the timeline too
+                fn.register_prehook(lambda grads, name=n.name: self._backward_of(name))
+        return out
+
+    def _backward_of(self, name: str) -> None:
+        self.timeline.node = f"backward of {name}"
 
 
 def _fake_shards(traced, plan, shards, rank: int, device) -> dict[str, torch.Tensor]:

@@ -173,10 +173,16 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         return _two_stage(traced, profile, table, budget, solve, package, checkpointing,
                           ladder_alpha, ladder_steps, verbose, repeats)
 
-    found = search(memory_budget_bytes)
-    if not verify or stacks:
-        return found  # a depth-reduced plan is not generated: the model is the estimate
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    verify = verify and not stacks  # a depth-reduced plan is not generated: no simulation
+    try:
+        found = search(memory_budget_bytes)
+    except InfeasibleBudgetError as err:
+        if verify and err.smallest_feasible_budget_bytes:
+            raise _simulated_least(err, search, traced, optimizer, backend) from None
+        raise
+    if not verify:
+        return found
     # The model bounds what the program allocates; the simulated step measures it.
     # Where the model is short of it, plan again against a budget shrunk by the gap.
     budget = memory_budget_bytes
@@ -211,6 +217,24 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
 
 #: How often a plan whose simulated step exceeds the budget is planned again.
 VERIFY_ROUNDS = 4
+
+
+def _simulated_least(err: InfeasibleBudgetError, search, traced, optimizer, backend
+                     ) -> InfeasibleBudgetError:
+    """``err`` with its smallest feasible budget checked: the model's least plan,
+    simulated, may need more."""
+    least = float(err.smallest_feasible_budget_bytes)
+    try:
+        leanest = search(least * (1 + 1e-6))
+        least = max(least, simulate_step(traced, leanest, optimizer=optimizer,
+                                         backend=backend).peak_bytes)
+    except InfeasibleBudgetError:
+        pass
+    message = str(err).split("; the smallest feasible budget")[0]
+    return InfeasibleBudgetError(
+        f"{message}; the smallest feasible budget is about {least:.4g} bytes "
+        f"({least / 2**30:.3f} GiB). Raise the budget, use a larger mesh, or enable "
+        "activation checkpointing.", int(np.ceil(least)))
 
 
 def _mib(budget) -> str:
@@ -260,12 +284,35 @@ def _two_stage(traced, profile, table, budget, solve, package, checkpointing, al
                   f"(recomputation {schedule.recompute_time_s * 1e3:.3f} ms)")
         consider(found)
     if best is None:
-        least = _least_budget(traced, profile, table, solve, fastest, repeats)
+        # The memory-minimal intra-op plan, checkpointed, fits where no rung does.
+        leanest, plain_least = _leanest(solve)
+        if leanest is not None:
+            schedule, chain = _checkpoint(traced, profile, table, leanest, budget, repeats)
+            if schedule is not None:
+                consider(package(leanest, CheckpointPlan.from_schedule(chain, schedule, None)))
+    if best is None:
+        least = min([_checkpointed_least(traced, profile, table, sol, repeats)
+                     for sol in (fastest, leanest) if sol is not None] + [plain_least])
         raise InfeasibleBudgetError(
             f"no plan fits a memory budget of {budget:.4g} bytes per device, even with "
             f"activation checkpointing; the smallest feasible budget is about {least:.4g} bytes "
             f"({least / 2**30:.3f} GiB). Raise the budget or use a larger mesh.", int(least))
     return best
+
+
+def _leanest(solve):
+    """The intra-op plan of least memory and its modelled peak ((None, inf) when
+    the model finds none)."""
+    try:
+        solve(1.0)
+    except InfeasibleBudgetError as err:
+        least = err.smallest_feasible_budget_bytes
+        if least:
+            try:
+                return solve(float(least) * (1 + 1e-6)), float(least)
+            except InfeasibleBudgetError:
+                pass
+    return None, float("inf")
 
 
 def _checkpoint(traced, profile, table, sol, budget, repeats):
@@ -284,24 +331,6 @@ def _optimizer_step_bytes(chain, table) -> float:
     factor = optimizer_temp_factor(table.optimizer)
     return chain.persistent_bytes + sum(chain.param_grad_bytes) + \
         factor * chain.largest_param_bytes
-
-
-def _least_budget(traced, profile, table, solve, fastest, repeats) -> float:
-    """The least budget of the memory-minimal plain plan and of the memory-minimal
-    and fastest plans checkpointed as far as the rotor DP goes."""
-    candidates = []
-    try:
-        solve(1.0)
-    except InfeasibleBudgetError as err:
-        if err.smallest_feasible_budget_bytes:
-            candidates.append(float(err.smallest_feasible_budget_bytes))
-            try:
-                leanest = solve(float(err.smallest_feasible_budget_bytes) * 1.000001)
-                candidates.append(_checkpointed_least(traced, profile, table, leanest, repeats))
-            except InfeasibleBudgetError:
-                pass
-    candidates.append(_checkpointed_least(traced, profile, table, fastest, repeats))
-    return min(candidates)
 
 
 def _checkpointed_least(traced, profile, table, sol, repeats) -> float:

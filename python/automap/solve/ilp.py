@@ -29,7 +29,13 @@ import numpy as np
 
 from automap.errors import InfeasibleBudgetError, SolverTimeLimitError
 from automap.sharding.layout import resharding_cost_matrix
-from automap.solve.memory import edge_memory, estimate_memory, optimizer_temp_factor, timeline
+from automap.solve.memory import (
+    edge_memory,
+    estimate_memory,
+    optimizer_temp_factor,
+    timeline,
+    waiting_gradient_bytes,
+)
 from automap.solve.strategies import ShardCounts, StrategyTable
 
 
@@ -305,7 +311,7 @@ class _MemoryRows:
     def build(self, b: _Builder, members, root, index, cols, edge_cols, nw, unit) -> int:
         nodes, line = self.table.nodes, self.line
         n = len(line)
-        kinds = ("saved", "later", "fwd", "bwd")
+        kinds = ("saved", "later", "waiting", "fwd", "bwd")
         terms = {k: [[] for _ in range(n)] for k in kinds}
         consts = {k: np.zeros(n) for k in kinds}
         base, grads, opt = [], [], []
@@ -337,6 +343,11 @@ class _MemoryRows:
             i = line.position.get(v)
             if i is None:
                 continue
+            if v in line.last_reader:  # its output's gradient waits for its backward
+                g = np.array([waiting_gradient_bytes(node, j, self.shard_count) for j in idx])
+                add("waiting", line.last_reader[v] - 1, r, g * w)
+                if i > 0:
+                    add("waiting", i - 1, r, -g * w)
             for kind, column, weight in (("saved", node.saved_bytes, w),
                                          ("later", node.bucket_bytes, w),
                                          ("fwd", node.fwd_transient_bytes, 1.0),
@@ -387,6 +398,7 @@ class _MemoryRows:
 
         kept = running("saved", range(n))
         later = running("later", range(n - 1, -1, -1))
+        waiting = running("waiting", range(n - 1, -1, -1))
 
         def row(parts, const):
             r = b.rows(-inf, -const)[0]
@@ -399,9 +411,10 @@ class _MemoryRows:
             prev = kept[i - 1] if i else None
             if terms["fwd"][i] or consts["fwd"][i]:
                 row(terms["fwd"][i] + _var(prev), consts["fwd"][i])
-            changes = terms["saved"][i] or terms["later"][i] or terms["bwd"][i]
-            if changes or consts["bwd"][i] or consts["saved"][i] or consts["later"][i]:
-                row(terms["bwd"][i] + _var(kept[i]) + _var(later[i]), consts["bwd"][i])
+            changes = any(terms[k][i] or consts[k][i] for k in ("saved", "later", "waiting", "bwd"))
+            if changes:
+                row(terms["bwd"][i] + _var(kept[i]) + _var(later[i]) + _var(waiting[i]),
+                    consts["bwd"][i])
         # The optimizer step: every gradient and the largest shard's temporaries.
         grad_total = b.columns([0.0], integer=False, upper=inf)[0]
         self._sum(b, grad_total, grads, grad_const)

@@ -13,6 +13,8 @@ then the optimizer step. With the ``NodeOptions`` columns:
   backward of the node and live until the end of the backward;
 - ``fwd_transient_bytes`` / ``bwd_transient_bytes`` live while the node's
   forward / backward runs;
+- the gradient of a node's output lives from the backward of its last reader
+  through the node's own backward (long for a residual branch);
 - the optimizer step needs ``OPTIMIZER_TEMP_FACTOR`` times the largest
   parameter shard on top;
 - an edge whose consumer reads another spec than its producer made converts
@@ -45,8 +47,8 @@ from automap.solve.strategies import ShardCounts
 OPTIMIZER_TEMP_FACTOR = {"sgd": 0.0, "sgd_momentum": 0.0, "momentum": 0.0, "adam": 2.0,
                          "adamw": 2.0}
 
-CATEGORIES = ("parameters and optimizer state", "inputs", "activations", "gradients",
-              "gradient buckets", "temporaries")
+CATEGORIES = ("parameters and optimizer state", "inputs", "activations",
+              "activation gradients", "gradients", "gradient buckets", "temporaries")
 
 
 def optimizer_temp_factor(optimizer) -> float:
@@ -64,6 +66,9 @@ class Timeline:
     position: dict[str, int]
     grad_position: dict[str, int]
     saved_state_edges: set[tuple[str, int, str, int]]
+    #: Per node whose output a later node reads, the position of its last reader:
+    #: the output's gradient waits from there through the node's backward.
+    last_reader: dict[str, int]
 
     def __len__(self) -> int:
         return len(self.order)
@@ -93,11 +98,17 @@ def timeline(table) -> Timeline:
         return node.kind == "view" and depth < 8 and any(
             saves(u, reader, depth + 1) for u in users.get(reader, []))
 
+    last_reader: dict[str, int] = {}
+    for producer, _, consumer, _ in table.edges():
+        p, c = position.get(producer), position.get(consumer)
+        if p is not None and c is not None and c > p and \
+                any(info.is_float for info in table.nodes[producer].outputs):
+            last_reader[producer] = max(last_reader.get(producer, 0), c)
     saved_state_edges = {
         edge for edge in table.edges()
         if table.nodes[edge[0]].kind in ("parameter", "buffer", "constant")
         and saves(edge[2], edge[0])}
-    return Timeline(order, position, grad_position, saved_state_edges)
+    return Timeline(order, position, grad_position, saved_state_edges, last_reader)
 
 
 def conversion_bytes(full_bytes: float, src_shards: np.ndarray, dst_shards: np.ndarray,
@@ -105,14 +116,17 @@ def conversion_bytes(full_bytes: float, src_shards: np.ndarray, dst_shards: np.n
     """Memory of converting a tensor of ``full_bytes`` between specs with the given
     shard counts (arrays broadcast against each other; equal specs must be masked
     by the caller): (forward transient, backward transient, kept for the backward).
-    Gathering keeps the gathered copy and gloo's staging copy of it; splitting the
-    shard; an all-to-all its send buffer and result. The gradient goes back as a
-    shard of the source spec (plus the gathered parameter gradient it comes from)."""
+    A gather makes the gathered copy and gloo's staging copy of it, a split its
+    shard, an all-to-all its send buffer and result; the gradient goes back the
+    dual way (a split's gradient is gathered, with staging), plus, for a
+    parameter, the gradient of the converted copy it comes from."""
     src = full_bytes / src_shards
     dst = full_bytes / dst_shards
-    fwd = np.where(src_shards > dst_shards, 2 * dst, np.where(src_shards < dst_shards, dst,
-                                                              src + dst))
-    bwd = src + (dst if is_state else 0.0)
+    gather, split = src_shards > dst_shards, src_shards < dst_shards
+    fwd = np.where(gather, 2 * dst, np.where(split, dst, src + dst))
+    bwd = np.where(gather, src, np.where(split, 2 * src, src + dst))
+    if is_state:
+        bwd = bwd + dst
     kept = dst if saved else np.zeros_like(dst)
     return fwd, bwd, kept
 
@@ -159,6 +173,10 @@ class PlanMemory:
     grads: np.ndarray
     buckets: np.ndarray
     largest_param_bytes: float
+    #: Waiting output gradients as differences over positions, summed from the
+    #: end: ``+bytes`` where they appear, ``-bytes`` before the position that
+    #: uses them up.
+    waiting: np.ndarray | None = None
 
 
 def plan_memory(table, choice: dict[str, int], line: Timeline,
@@ -167,7 +185,8 @@ def plan_memory(table, choice: dict[str, int], line: Timeline,
     each node occurs, for depth-reduced planning)."""
     weight = weight or {}
     n = len(line)
-    out = PlanMemory(0.0, 0.0, *(np.zeros(n) for _ in range(5)), 0.0)
+    shard_count = ShardCounts(table.mesh)
+    out = PlanMemory(0.0, 0.0, *(np.zeros(n) for _ in range(5)), 0.0, np.zeros(n))
     for name, node in table.nodes.items():
         c, w = choice[name], weight.get(name, 1.0)
         out.state_bytes += w * float(node.state_bytes[c])
@@ -176,12 +195,16 @@ def plan_memory(table, choice: dict[str, int], line: Timeline,
             out.grads[line.grad_position[name]] += w * float(node.grad_bytes[c])
             out.largest_param_bytes = max(out.largest_param_bytes, float(node.grad_bytes[c]))
         i = line.position.get(name)
+        if i is not None and name in line.last_reader:
+            g = w * float(waiting_gradient_bytes(node, c, shard_count))
+            out.waiting[line.last_reader[name] - 1] += g
+            if i > 0:
+                out.waiting[i - 1] -= g
         if i is not None:
             out.saved[i] = w * float(node.saved_bytes[c])
             out.buckets[i] = w * float(node.bucket_bytes[c])
             out.fwd[i] = float(node.fwd_transient_bytes[c])
             out.bwd[i] = float(node.bwd_transient_bytes[c])
-    shard_count = ShardCounts(table.mesh)
     for edge in table.edges():
         producer, o, consumer, k = edge
         i = line.position.get(consumer)
@@ -199,6 +222,12 @@ def plan_memory(table, choice: dict[str, int], line: Timeline,
     return out
 
 
+def waiting_gradient_bytes(node, strategy, shard_count) -> float:
+    """Local bytes of the gradient of ``node``'s float outputs under ``strategy``."""
+    return sum(info.nbytes / shard_count(spec)
+               for info, spec in zip(node.outputs, node.out_specs[strategy]) if info.is_float)
+
+
 def estimate_memory(table, choice: dict[str, int], line: Timeline, optimizer="adamw",
                     weight: dict[str, float] | None = None) -> MemoryEstimate:
     """The memory of the module docstring for the strategies ``choice`` picks;
@@ -211,7 +240,8 @@ def estimate_memory(table, choice: dict[str, int], line: Timeline, optimizer="ad
     kept = np.cumsum(m.saved)
     later_grads = np.cumsum(m.grads[::-1])[::-1]
     later_buckets = np.cumsum(m.buckets[::-1])[::-1]
-    backward = base + kept + later_grads + later_buckets + m.bwd
+    waiting = np.cumsum(m.waiting[::-1])[::-1]
+    backward = base + kept + later_grads + later_buckets + waiting + m.bwd
     forward = base + (kept - m.saved) + m.fwd
     opt_temp = optimizer_temp_factor(optimizer) * m.largest_param_bytes
     candidates = [(base + grads_total + opt_temp, "optimizer step", -1, "opt")]
@@ -226,6 +256,7 @@ def estimate_memory(table, choice: dict[str, int], line: Timeline, optimizer="ad
         cats["gradients"], cats["temporaries"] = grads_total, opt_temp
     elif phase == "bwd":
         cats.update({"activations": float(kept[i]), "gradients": float(later_grads[i]),
+                     "activation gradients": float(waiting[i]),
                      "gradient buckets": float(later_buckets[i]),
                      "temporaries": float(m.bwd[i])})
     else:
