@@ -77,15 +77,13 @@ def checkpoint_case(rank: int, world: int, name: str, fraction: float) -> dict:
     # Slow devices: on more than one, splitting the batch pays.
     options = {"loss_fn": loss_fn, "checkpointing": "only", "flops_per_s": 1e9}
     roomy = solve_plan(model, inputs, mesh, 2**40, **options)
-    full = roomy.checkpoint
+    assert roomy.checkpoint is None  # it fits without checkpoints
     try:
-        solve_plan(model, inputs, mesh, full.persistent_bytes + 1, **options)
-        least = full.persistent_bytes
+        solve_plan(model, inputs, mesh, 1.0, **options)
     except InfeasibleBudgetError as err:
         least = err.smallest_feasible_budget_bytes
     # ``fraction`` of the way from the least budget that fits to the unconstrained peak.
-    budget = int(least + fraction * (full.persistent_bytes + full.predicted_activation_peak_bytes
-                                     - least))
+    budget = int(least + fraction * (roomy.predicted_peak_memory_bytes - least))
     tight = solve_plan(model, inputs, mesh, budget, **options)
     plain = dataclasses.replace(tight, checkpoint=None)
 
@@ -96,7 +94,7 @@ def checkpoint_case(rank: int, world: int, name: str, fraction: float) -> dict:
     out = {"budget_bytes": budget,
            "activation_budget_bytes": tight.checkpoint.activation_budget_bytes,
            "predicted_bytes": tight.checkpoint.predicted_activation_peak_bytes,
-           "predicted_full_bytes": full.predicted_activation_peak_bytes,
+           "predicted_full_bytes": roomy.predicted_peak_memory_bytes,
            "blocks": tight.checkpoint.block_count(), "stages": len(tight.checkpoint.stages),
            "recompute_s": tight.checkpoint.recompute_s,
            "sharded_nodes": sum(any(s != "R" * len(s) for s in n.outputs)
@@ -129,21 +127,25 @@ def nested_case(rank: int, world: int, name: str) -> dict:
     plan without checkpoints."""
     model, inputs, loss_fn = build(name)
     mesh = DeviceMesh((world,))
-    plan = solve_plan(model, inputs, mesh, 2**40, loss_fn=loss_fn, checkpointing="only",
-                      flops_per_s=1e9)
-    last = len(plan.checkpoint.stages) - 1
+    plan = solve_plan(model, inputs, mesh, loss_fn=loss_fn, flops_per_s=1e9)
+
+    from automap.checkpoint.record import CheckpointPlan
+    from automap.solve.linearize import linearize
+    from automap.trace.tracing import trace
+
+    traced = trace(model, inputs, loss_fn=loss_fn)
+    stages = linearize(traced)
+    last = len(stages) - 1
 
     def block(lo, hi, children=()):
         return {"start_stage": lo, "end_stage": hi, "children": list(children)}
 
     nested = [block(0, 0), block(1, last - 2, [block(2, 4, [block(3, 3)]), block(6, 7)])]
-    checkpointed = dataclasses.replace(
-        plan, checkpoint=dataclasses.replace(plan.checkpoint, blocks=nested))
+    record = CheckpointPlan(stages=stages, blocks=nested, activation_budget_bytes=0,
+                            persistent_bytes=0, predicted_activation_peak_bytes=0,
+                            recompute_s=0.0, ilp_budget_bytes=None)
+    checkpointed = dataclasses.replace(plan, checkpoint=record)
     plain = dataclasses.replace(plan, checkpoint=None)
-
-    from automap.trace.tracing import trace
-
-    traced = trace(model, inputs, loss_fn=loss_fn)
     groups = mesh.process_groups()
     out, runs = {}, {}
     for label, p in (("checkpointed", checkpointed), ("plain", plain)):

@@ -26,7 +26,7 @@ def test_measured_activation_peak_within_budget(name, world):
         print(f"{name} world {world} rank {rank}: {r['stages']} stages, {r['blocks']} blocks; "
               f"activation budget {r['activation_budget_bytes'] / 2**20:.2f} MiB, predicted "
               f"{r['predicted_bytes'] / 2**20:.2f}, measured {r['measured_bytes'] / 2**20:.2f} "
-              f"(without checkpoints: predicted {r['predicted_full_bytes'] / 2**20:.2f}, "
+              f"(without checkpoints: predicted step peak {r['predicted_full_bytes'] / 2**20:.2f}, "
               f"measured {r['measured_plain_bytes'] / 2**20:.2f}); loss rel {r['loss_rel']:.1e}, "
               f"grad rel {r['grad_rel']:.1e}")
         assert r["blocks"] > 0 and r["code_has_checkpoint"]

@@ -76,7 +76,7 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int],
     ``repeats``: for depth-reduced planning (``automap.solve.depth``), how many real
     blocks each traced node's block stands for; each run of stages of such a
     block is repeated that many times, so the chain has the real depth."""
-    stages = linearize(traced)
+    stages = _cut_where_saved(linearize(traced), table, choice, profile)
     stage_of = {name: k for k, stage in enumerate(stages) for name in stage}
     graph_nodes = {n.name: n for n in traced.graph.nodes}
     mesh = table.mesh
@@ -122,7 +122,10 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int],
             outs = [local_bytes(info, spec) for info, spec in zip(node.outputs, specs)]
             # Tensors read by a later stage cross the boundary.
             if any(stage_of.get(u.name, -1) > k for u in graph_nodes[name].users):
-                out += sum(b for b, info in zip(outs, node.outputs) if info.is_float)
+                crossing = sum(b for b, info in zip(outs, node.outputs) if info.is_float)
+                out += crossing
+                if _keeps_its_output(name, table, profile):
+                    saved -= crossing  # its saved set already holds the output
             i = line.position.get(name)
             if i is None:
                 continue
@@ -135,6 +138,8 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int],
             ftmp = max(ftmp, mem.fwd[i])
             btmp = max(btmp, mem.bwd[i])
             grads += grads_at[i]
+        # The rotor counts the gradient of the stage's input apart (δ_k).
+        btmp = max(0.0, btmp - (chain.out_bytes[k - 1] if k else 0))
         chain.fwd_compute_s.append(fc)
         chain.bwd_compute_s.append(bc)
         chain.fwd_comm_s.append(fm)
@@ -147,6 +152,46 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int],
     chain.persistent_bytes = int(held.state_bytes + held.input_bytes)
     chain.largest_param_bytes = held.largest_param_bytes
     return _repeat_stages(chain, repeats) if repeats else chain
+
+
+def _cut_where_saved(stages: list[list[str]], table, choice, profile) -> list[list[str]]:
+    """``stages`` with each stage whose input nobody keeps for the backward merged
+    into the one before: the rotor keeps a stage's input until its backward,
+    which is what the program does only where something saves that tensor (a
+    node of the stage, or the producer itself: a tanh, an in-place ReLU)."""
+    stage_of = {name: k for k, stage in enumerate(stages) for name in stage}
+    readers: dict[str, set[int]] = {}
+    for producer, _, consumer, _ in table.edges():
+        readers.setdefault(producer, set()).add(stage_of.get(consumer, -1))
+
+    out: list[list[str]] = []
+    for k, stage in enumerate(stages):
+        keeps_input = False
+        for name in stage:
+            node = table.nodes.get(name)
+            if node is None or node.saved_input_bytes is None:
+                continue
+            c = choice[name]
+            keeps_input |= any(node.saved_input_bytes[c, j] > 0 and stage_of.get(p, k) < k
+                               for j, (p, _) in enumerate(node.inputs))
+        if k:
+            keeps_input |= any(_keeps_its_output(name, table, profile) for name in stages[k - 1]
+                               if any(r >= k for r in readers.get(name, ())))
+        if out and not keeps_input:
+            out[-1] = out[-1] + stage
+        else:
+            out.append(list(stage))
+    return out
+
+
+def _keeps_its_output(name: str, table, profile) -> bool:
+    """Whether a node saves its own output for its backward (a tanh; an in-place
+    ReLU, whose output is its input)."""
+    prof = profile.by_name.get(name)
+    if prof is None:
+        return False
+    in_place = table.nodes[name].op.endswith("_")
+    return bool(prof.saved_output_bytes) or (in_place and bool(prof.saved_input_bytes))
 
 
 def _repeat_stages(chain: Chain, repeats: dict[str, int]) -> Chain:
