@@ -23,7 +23,8 @@ from automap.sharding.collectives import identity_all_reduce_grad, split_dim
 from automap.sharding.spec import ShardingSpec
 from automap.solve.signatures import op_family, signature
 
-_BIAS_OPS = {"linear": 2, "addmm": 0, "baddbmm": 0, "conv1d": 2, "conv2d": 2, "conv3d": 2}
+_BIAS_OPS = {"linear": 2, "addmm": 0, "baddbmm": 0, "conv1d": 2, "conv2d": 2, "conv3d": 2,
+             "conv_transpose1d": 2, "conv_transpose2d": 2, "conv_transpose3d": 2}
 _WITHOUT_BIAS = {"addmm": torch.ops.aten.mm.default, "baddbmm": torch.ops.aten.bmm.default}
 
 
@@ -134,7 +135,11 @@ class _Pass:
         bias = None
         if node_plan.kind == "view" or family in ("expand", "unflatten"):
             args = localize.local_sizes(family, args, node, node_plan.outputs[0], self.mesh)
-        if partial and family == "embedding":
+        scatter_dim = node_plan.scatter_dim
+        rewritten = localize.rewrite(self.em, node, family, args, kwargs, node_plan, self.rank)
+        if rewritten is not None:
+            value, partial, scatter_dim = rewritten
+        elif partial and family == "embedding":
             value = localize.vocab_parallel(self.em, args, kwargs, node_plan.inputs[0],
                                             node.args[0], self.rank)
         elif partial and family == "mean":
@@ -162,9 +167,9 @@ class _Pass:
             value = self.em.call(take_shard, value, bounds)
         if partial and not isinstance(node.meta.get("val"), torch.Tensor):
             raise AutomapError(f"{node.name}: partial sums of a multi-output op")
-        value = self.em.reduce_partial(value, partial, node_plan.scatter_dim)
+        value = self.em.reduce_partial(value, partial, scatter_dim)
         if bias is not None:
-            value = self.add_bias(node, family, value, bias, partial, node_plan.scatter_dim)
+            value = self.add_bias(node, family, value, bias, partial, scatter_dim)
         return value
 
     def inputs(self, node: fx.Node, node_plan) -> tuple[tuple, dict]:

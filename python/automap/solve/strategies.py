@@ -103,7 +103,9 @@ class StrategyTable:
 def _tensor_infos(val) -> list[TensorInfo]:
     leaves = val if isinstance(val, (list, tuple)) else [val]
     return [
-        TensorInfo(tuple(int(s) for s in t.shape), t.dtype.itemsize, t.is_floating_point())
+        # Complex tensors are differentiable too (their gradients need reducing).
+        TensorInfo(tuple(int(s) for s in t.shape), t.dtype.itemsize,
+                   t.is_floating_point() or t.is_complex())
         for t in leaves
         if isinstance(t, torch.Tensor)
     ]
