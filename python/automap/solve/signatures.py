@@ -579,8 +579,10 @@ def _min_max(node: fx.Node) -> Signature:
     dim whole) or of everything (the input whole)."""
     if len(node.args) > 1 and _is_tensor(node.args[1]):
         return _elementwise(node)
-    if isinstance(_val(node), (list, tuple)):
-        return _reduction(node, linear=False)
+    if isinstance(_val(node), (list, tuple)):  # values and indices
+        sig = _reduction(node, linear=False)
+        sig.output_letters = sig.output_letters * len(_val(node))
+        return sig
     L = _Letters()
     ins = [L.new(s, shardable=False) for s in _shape(node.args[0])]
     return _einsum(L, [node.args[0]], [ins], [[]])
