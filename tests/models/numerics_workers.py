@@ -46,6 +46,21 @@ class Noisy(nn.Module):
         return (self.w * self.drop(x)).sum() + (self.w * torch.rand_like(x)).sum()
 
 
+class AttentionDropout(nn.Module):
+    """Attention with its own dropout on a batch of identical rows; its output
+    (read through u's gradient) shows whether two rows drew the same mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4, 16))
+        self.u = nn.Parameter(torch.ones(8, 4, 16))
+
+    def forward(self, x):
+        h = x * self.w
+        out = F.scaled_dot_product_attention(h, h, h, dropout_p=0.5)
+        return (out * self.u).sum()
+
+
 def _models():
     import model_matrix
 
@@ -55,7 +70,10 @@ def _models():
     def noisy():
         return Noisy(), (torch.ones(8, 16),), None
 
-    return {"logsumexp": logsumexp, "noisy": noisy, **{
+    def attention_dropout():
+        return AttentionDropout(), (torch.randn(1, 4, 16).expand(8, 4, 16).clone(),), None
+
+    return {"logsumexp": logsumexp, "noisy": noisy, "attention_dropout": attention_dropout, **{
         name: builder for models in model_matrix.MATRIX.values()
         for name, builder in models.items()}}
 

@@ -377,11 +377,14 @@ def _cross_entropy(node: fx.Node) -> Signature:
     # or label smoothing (nll_loss reads whole rows).
     weighted = len(node.args) > 2 and _is_tensor(node.args[2])
     smoothing = _arg(node, 5, "label_smoothing", 0.0)
-    vocab_parallel = op_family(node) == "cross_entropy_loss" and not weighted and not smoothing
+    soft = _val(target).is_floating_point()  # class probabilities, the logits' shape
+    vocab_parallel = (op_family(node) == "cross_entropy_loss" and not weighted
+                      and not smoothing and not soft)
     c = L.new(ls[1] if len(ls) > 1 else ls[0], shardable=vocab_parallel)
     rest = L.dims(ls[2:])
     logit_letters = n + [c] + rest
-    target_letters = _broadcast_letters(L, n + rest, _shape(target))
+    target_letters = list(logit_letters) if soft else _broadcast_letters(L, n + rest,
+                                                                         _shape(target))
     # Mean and sum reductions are linear: a split batch leaves partial sums.
     out = [] if reduction != 0 else n + rest
     tensors = [logits, target]
@@ -756,7 +759,7 @@ _ELEMENTWISE = {
     "empty_like", "real", "imag", "conj", "conj_physical", "angle", "polar", "complex",
     "exp_", "log_", "sqrt_", "rsqrt_", "reciprocal_", "masked_scatter", "__xor__",
     # Random: drawn whole from the serial model's generator, shards kept (ops.py).
-    "dropout_", "bernoulli", "rand_like", "randn_like",
+    "dropout_", "rand_like", "randn_like",
 }
 
 _RANDOM = {"dropout", "dropout_", "bernoulli", "rand_like", "randn_like"}
@@ -817,6 +820,9 @@ _BUILDERS = {
     "_softmax": _softmax,
     "log_softmax": _softmax,
     "_log_softmax": _softmax,
+    # bernoulli(x, p) draws with probability p; bernoulli(x) with probabilities x.
+    "bernoulli": lambda n: _elementwise(n) if isinstance(_arg(n, 1, "p"), float) else
+    _along(n, whole_dims=range(_val(n).dim())),
     "logsumexp": lambda n: _reduction(n, linear=True),  # partial max and sum: localize.py
     "cumsum": lambda n: _along(n, whole_dims=[n.args[1]]),
     "cumprod": lambda n: _along(n, whole_dims=[n.args[1]]),
