@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from automap import DeviceMesh
+from automap import AutomapError, DeviceMesh
 from automap.generate.program import generate
 from automap.planner.plan import Plan
 from automap.trace.tracing import default_loss, trace
@@ -61,6 +61,19 @@ class AttentionDropout(nn.Module):
         return (out * self.u).sum()
 
 
+class ShiftRight(nn.Module):
+    """Hugging Face's shift_tokens_right: an in-place write into a slice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(16, 4)
+
+    def forward(self, ids):
+        shifted = ids.new_zeros(ids.shape)
+        shifted[:, 1:] = ids[:, :-1]
+        return self.emb(shifted).sum()
+
+
 def _models():
     import model_matrix
 
@@ -73,9 +86,13 @@ def _models():
     def attention_dropout():
         return AttentionDropout(), (torch.randn(1, 4, 16).expand(8, 4, 16).clone(),), None
 
-    return {"logsumexp": logsumexp, "noisy": noisy, "attention_dropout": attention_dropout, **{
-        name: builder for models in model_matrix.MATRIX.values()
-        for name, builder in models.items()}}
+    def shift_right():
+        return ShiftRight(), (torch.randint(0, 16, (8, 6)),), None
+
+    local = {"shift_right": shift_right, "logsumexp": logsumexp, "noisy": noisy,
+             "attention_dropout": attention_dropout}
+    return {**local, **{name: builder for models in model_matrix.MATRIX.values()
+                        for name, builder in models.items()}}
 
 
 def _batch_only(ins, outs) -> bool:
@@ -100,6 +117,10 @@ FORCED = {
         "params": {r"experts\.(gate_up_proj|down_proj)": "S0RR"},
         "ops": {f"grouped_mm_fallback{s}": lambda ins, outs: ins[1].startswith("S0")
                 for s in ("", "_1", "_2", "_3")}},
+    # The written slice reads its base converted (split -> whole): a lost write.
+    "converted_base": lambda mesh, inputs: {
+        "ops": {"new_zeros": lambda ins, outs: outs[0] == "S0R",
+                "slice_2": lambda ins, outs: ins[0] == "RR"}},
     # Every parameter and op replicated: random ops run whole on every rank.
     "replicated": lambda mesh, inputs: {"params": {}, "inputs": {n: "R" * len(s)
                                                                 for n, s in inputs.items()}},
@@ -129,7 +150,11 @@ def train_forced(rank: int, world: int, cases: list[dict], seed: int = 0) -> lis
             payload = [forced_plan(model, inputs, loss_fn, mesh, **kwargs)[1].to_dict()]
         torch.distributed.broadcast_object_list(payload, src=0)
         plan = Plan.from_dict(payload[0])
-        module = generate(traced, plan, model, groups[mesh.shape])
+        try:
+            module = generate(traced, plan, model, groups[mesh.shape])
+        except AutomapError as err:
+            results.append({"case": case, "error": str(err)})
+            continue
         losses, grads = _steps(module, inputs, None,
                                lambda m: m.full_state_dict(gradients=True), seed)
         out = {"case": case, "grads": grads,

@@ -30,6 +30,8 @@ CASES = [
     {"model": "noisy", "mesh": (2, 2), "plan": "batch"},
     {"model": "noisy", "mesh": (2, 2), "plan": "replicated"},
     {"model": "attention_dropout", "mesh": (4,), "plan": "batch"},
+    {"model": "shift_right", "mesh": (4,), "plan": "batch"},
+    {"model": "shift_right", "mesh": (4,), "plan": "converted_base"},
 ]
 
 #: What each case's module must run (it exercises the split).
@@ -52,7 +54,8 @@ def _row(results, model, plan):
 
 
 @pytest.mark.timeout(700)
-@pytest.mark.parametrize("case", [c for c in CASES if c["model"] != "attention_dropout"],
+@pytest.mark.parametrize("case", [c for c in CASES if c["model"] != "attention_dropout"
+                                  and c["plan"] != "converted_base"],
                          ids=lambda c: f"{c['model']}-{c['plan']}")
 def test_trains_like_serial(results, case):
     rows = _row(results, case["model"], case["plan"])
@@ -110,3 +113,13 @@ def test_split_attention_dropout_draws_independent_shards(results):
     out = first["grads"][0]["u"]  # the attention output, gathered: 2 rows per rank
     assert all(not torch.equal(out[0], out[2 * r]) for r in range(1, 4))
     assert first["losses"][0] == first["losses"][0]  # finite, ran
+
+
+@pytest.mark.timeout(700)
+def test_a_write_into_a_view_of_a_converted_base_is_refused(results):
+    """shifted[:, 1:] = ids[:, :-1] under a plan that makes the slice read a
+    converted copy of ``shifted``: the write would be lost, so generating fails
+    (under the solver's plans the slice reads its base as produced and trains
+    like the serial model: the shift_right-batch case)."""
+    rows = _row(results, "shift_right", "converted_base")
+    assert all("writes into slice_2, a view of new_zeros" in r["error"] for r in rows)
