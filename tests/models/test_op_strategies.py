@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from automap import DeviceMesh
+from automap import DeviceMesh, ShardingSpec
 from automap.solve.signatures import op_family, signature
 from automap.solve.strategies import build_strategy_table
 from automap.trace.tracing import trace
@@ -132,3 +132,20 @@ def test_every_op_of_every_matrix_model_has_a_signature(name):
                       and isinstance(n.meta.get("val"), (torch.Tensor, list, tuple))
                       and signature(n) is None})
     assert not missing
+
+
+@pytest.mark.parametrize("family", ["log_softmax", "logsumexp", "cross_entropy_loss"])
+def test_class_splits_pay_for_their_max_and_sums(family):
+    """A split class dim costs all-reduces of one value per row (the max and
+    the sums over the shards): priced, and far cheaper than gathering rows."""
+    fn, inputs, _, _ = CASES[family]
+    table = _table(fn, *inputs)
+    node = _options(table, family)
+    dims = [ShardingSpec.parse(s[0]).dims for s in node.in_specs]
+    split = [i for i, d in enumerate(dims) if d[-1] and not any(d[:-1])]  # classes only
+    whole = [i for i, d in enumerate(dims) if not any(d)]
+    assert split and whole
+    rows_bytes = inputs[0].numel() // inputs[0].shape[-1] * inputs[0].element_size()
+    for i in split:
+        assert node.forward_comm_s[i] >= table.mesh.all_reduce_cost_s(rows_bytes, [0])
+        assert node.forward_comm_s[i] < 4 * table.mesh.all_reduce_cost_s(rows_bytes, [0])

@@ -33,6 +33,11 @@ class Signature:
     output_letters: list[list[int]] = field(default_factory=list)
     # Inputs added to a contraction's result (biases): see rust/strategy/einsum.rs.
     additive: list[bool] = field(default_factory=list)
+    # A dim whose split makes the node all-reduce values of its other dims
+    # besides what the letters say (the partial max and sums of a class-parallel
+    # softmax or loss, generate/localize.py): (input, dim, forward all-reduces,
+    # backward all-reduces), priced by solve/strategies.py.
+    split_reductions: tuple[int, int, int, int] | None = None
 
     def additive_flags(self) -> list[bool]:
         return self.additive or [False] * len(self.inputs)
@@ -181,8 +186,19 @@ def _reduction(node: fx.Node, linear: bool) -> Signature:
 
 def _softmax(node: fx.Node) -> Signature:
     """softmax/log_softmax: the normalised dim may be split (a partial max and
-    sum over the shards, generate/localize.py)."""
-    return _elementwise_single(node, fixed=[])
+    sum over the shards, and the gradient's sum, generate/localize.py)."""
+    sig = _elementwise_single(node, fixed=[])
+    sig.split_reductions = (0, _norm_dim(node.args[1], _val(node).dim()), 2, 1)
+    return sig
+
+
+def _logsumexp(node: fx.Node) -> Signature:
+    """The reduced dims may be split: the letters price the sum's all-reduce,
+    the max's comes on top."""
+    sig = _reduction(node, linear=True)
+    dims = _dim_arg(node, 1, "dim")
+    sig.split_reductions = (0, _norm_dim(dims[-1], _val(node.args[0]).dim()), 1, 0)
+    return sig
 
 
 def _elementwise_single(node: fx.Node, fixed) -> Signature:
@@ -392,7 +408,10 @@ def _cross_entropy(node: fx.Node) -> Signature:
     if weighted:
         tensors.append(node.args[2])
         ins.append([c])
-    return _einsum(L, tensors, ins, [out])
+    sig = _einsum(L, tensors, ins, [out])
+    if vocab_parallel:  # the max, the sum and the target's logit, per row
+        sig.split_reductions = (0, len(n), 3, 0)
+    return sig
 
 
 def _along(node: fx.Node, whole_dims=(), extra: tuple = ()) -> Signature:
@@ -823,7 +842,7 @@ _BUILDERS = {
     # bernoulli(x, p) draws with probability p; bernoulli(x) with probabilities x.
     "bernoulli": lambda n: _elementwise(n) if isinstance(_arg(n, 1, "p"), float) else
     _along(n, whole_dims=range(_val(n).dim())),
-    "logsumexp": lambda n: _reduction(n, linear=True),  # partial max and sum: localize.py
+    "logsumexp": _logsumexp,
     "cumsum": lambda n: _along(n, whole_dims=[n.args[1]]),
     "cumprod": lambda n: _along(n, whole_dims=[n.args[1]]),
     "sort": lambda n: _along(n, whole_dims=[_arg(n, 1, "dim", -1)]),
