@@ -3,10 +3,12 @@
 A non-strict export runs a Function's forward op by op and autograd would
 differentiate those ops, not call the Function's backward: a straight-through
 estimator (forward rounds, backward passes the gradient on) would train with
-a zero gradient. While :func:`automap.trace.trace` exports, ``Function.apply``
-calls instead go through one custom op per Function (and per set of non-tensor
-arguments), ``automap::autograd_function_<Name>_<n>``, taking and returning
-lists of tensors. Its implementation runs the user's forward; its backward runs
+a zero gradient. While :func:`automap.trace.trace` exports, the ``forward`` of
+every user Function class (found among the subclasses of
+``torch.autograd.Function``; ``apply`` looks it up at each call, so a stored
+``f = MyFunction.apply`` is caught too) instead calls one custom op per Function
+(and per set of non-tensor arguments), ``automap::autograd_function_<Name>_<n>``,
+taking and returning lists of tensors. Its implementation runs the user's forward; its backward runs
 the user's forward again (to rebuild what the forward saved on its ``ctx``) and
 then the user's backward, so the module trains with the Function's own
 gradient at the cost of one more forward.
@@ -21,6 +23,7 @@ raises :class:`~automap.errors.UnsupportedFunctionError` naming it.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +44,7 @@ class OpaqueFunction:
     """One Function called with one set of non-tensor arguments."""
 
     cls: type
+    forward: Any  # the class's own forward (a plain function)
     spec: Any  # pytree spec of (args, kwargs) of the apply call
     constants: list  # its leaves, tensors replaced by None
     op_name: str
@@ -104,10 +108,10 @@ def _run_forward(function: OpaqueFunction, tensors, ctx: _Ctx) -> list[torch.Ten
     args, kwargs = function.arguments(tensors)
     with torch.no_grad():
         if _has_setup_context(function.cls):
-            out = function.cls.forward(*args, **kwargs)
+            out = function.forward(*args, **kwargs)
             function.cls.setup_context(ctx, args, out)
         else:
-            out = function.cls.forward(ctx, *args, **kwargs)
+            out = function.forward(ctx, *args, **kwargs)
     function.tuple_output = isinstance(out, (tuple, list))
     outs = list(out) if function.tuple_output else [out]
     if not all(isinstance(o, torch.Tensor) for o in outs):
@@ -174,40 +178,61 @@ def _needs_by_argument(function: OpaqueFunction, needs: tuple) -> tuple:
     return tuple(next(it) if c is None else False for c in function.constants)
 
 
-def _opaque(cls: type, args: tuple, kwargs: dict) -> OpaqueFunction:
+def _opaque(cls: type, forward, args: tuple, kwargs: dict) -> OpaqueFunction:
     leaves, spec = pytree.tree_flatten((args, kwargs))
     constants = [None if isinstance(x, torch.Tensor) else x for x in leaves]
     key = (cls, repr(spec), repr(constants))
     function = _BY_KEY.get(key)
     if function is None:
         stem = re.sub(r"\W", "_", cls.__qualname__)
-        function = OpaqueFunction(cls, spec, constants, f"{OP_PREFIX}{stem}_{len(FUNCTIONS)}")
+        function = OpaqueFunction(cls, forward, spec, constants,
+                                  f"{OP_PREFIX}{stem}_{len(FUNCTIONS)}")
         _register(function)
         FUNCTIONS[function.op_name] = function
         _BY_KEY[key] = function
     return function
 
 
-def _kept(cls: type) -> bool:
-    """User Functions are kept; torch's own (checkpointing...) are traced through."""
-    return not cls.__module__.startswith("torch.")
+def _user_functions() -> list[type]:
+    """Every Function class defined outside torch and automap (which trace through
+    or are automap's own collectives)."""
+    found, stack = [], list(torch.autograd.Function.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if not cls.__module__.startswith(("torch.", "automap.")):
+            found.append(cls)
+    return found
 
 
-@contextlib.contextmanager
-def opaque_functions():
-    """While active, ``Function.apply`` of user Functions calls their custom op."""
-    original = torch.autograd.Function.__dict__["apply"]
+def _calling_op(cls: type, forward):
+    """A forward for ``cls`` that calls its custom op instead of running."""
+    new_style = _has_setup_context(cls)
 
-    def apply(cls, *args, **kwargs):
-        if not _kept(cls):
-            return original.__get__(None, cls)(*args, **kwargs)
-        function = _opaque(cls, args, kwargs)
+    def call(*args, **kwargs):
+        args = args if new_style else args[1:]  # the ctx of apply: unused
+        function = _opaque(cls, forward, args, kwargs)
         tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         outs = getattr(torch.ops.automap, function.op_name)(tensors)
         return tuple(outs) if function.tuple_output else outs[0]
 
-    torch.autograd.Function.apply = classmethod(apply)
+    return staticmethod(call)
+
+
+@contextlib.contextmanager
+def opaque_functions():
+    """While active, applying a user Function calls its custom op."""
+    patched = []
+    for cls in _user_functions():
+        if not isinstance(inspect.getattr_static(cls, "forward"), staticmethod):
+            continue  # legacy Functions with instance methods: torch refuses them anyway
+        patched.append((cls, cls.__dict__.get("forward")))
+        cls.forward = _calling_op(cls, cls.forward)
     try:
         yield
     finally:
-        torch.autograd.Function.apply = original
+        for cls, own in reversed(patched):
+            if own is None:
+                del cls.forward
+            else:
+                cls.forward = own
