@@ -147,10 +147,15 @@ def train_forced(rank: int, world: int, cases: list[dict], seed: int = 0) -> lis
         payload = [None]
         if rank == 0:
             kwargs = FORCED[case["plan"]](mesh, shapes)
-            payload = [forced_plan(model, inputs, loss_fn, mesh, **kwargs)[1].to_dict()]
+            try:  # planning runs the generator too (to simulate the plan's memory)
+                payload = [forced_plan(model, inputs, loss_fn, mesh, **kwargs)[1].to_dict()]
+            except AutomapError as err:
+                payload = [{"error": str(err)}]
         torch.distributed.broadcast_object_list(payload, src=0)
-        plan = Plan.from_dict(payload[0])
         try:
+            if "error" in payload[0]:
+                raise AutomapError(payload[0]["error"])
+            plan = Plan.from_dict(payload[0])
             module = generate(traced, plan, model, groups[mesh.shape])
         except AutomapError as err:
             results.append({"case": case, "error": str(err)})

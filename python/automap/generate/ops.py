@@ -9,6 +9,7 @@ import math
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import is_fake
 
 from automap.sharding.collectives import all_reduce_, all_reduce_sum, identity_all_reduce_grad
 from automap.sharding.process_groups import AxisGroup
@@ -103,8 +104,11 @@ def expert_parallel_grouped_mm(op, x: torch.Tensor, weight: torch.Tensor, offs: 
     sorted by expert, ``offs`` the global row ends per expert): their rows
     computed, zeros elsewhere, so the shards' outputs sum to the whole result."""
     last = first_expert + weight.shape[0]
-    start = int(offs[first_expert - 1]) if first_expert > 0 else 0
-    end = int(offs[last - 1])
+    if is_fake(offs):  # simulated (generate/simulate.py): rows spread evenly
+        start, end = (x.shape[0] * e // offs.shape[0] for e in (first_expert, last))
+    else:
+        start = int(offs[first_expert - 1]) if first_expert > 0 else 0
+        end = int(offs[last - 1])
     rows = op(x[start:end], weight, offs[first_expert:last] - start)
     return F.pad(rows, (0, 0, start, x.shape[0] - end))
 
@@ -138,6 +142,8 @@ def with_shard_rng(shard: int, op, *args, **kwargs):
     dropout, which cannot be drawn whole): one seed from the default generator
     (the same on every rank, which all advance alike), plus the shard index, so
     that replicas of a shard draw alike and other shards independently."""
+    if any(is_fake(a) for a in args if isinstance(a, torch.Tensor)):
+        return op(*args, **kwargs)  # simulated: no numbers drawn
     seed = int(torch.randint(0, 2**62, (1,)).item())
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
