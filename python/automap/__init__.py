@@ -14,6 +14,7 @@ from automap.errors import (
     SolverTimeLimitError,
     StalePlanError,
     TraceError,
+    UnsupportedFunctionError,
     UnsupportedOpError,
 )
 from automap.generate.module import ParallelModule
@@ -53,6 +54,7 @@ __all__ = [
     "StalePlanError",
     "TraceError",
     "TracedGraph",
+    "UnsupportedFunctionError",
     "UnsupportedOpError",
     "apply",
     "autoparallelize",

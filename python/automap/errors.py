@@ -20,6 +20,16 @@ class TraceError(AutomapError):
     """A model that cannot be traced (exported) for planning."""
 
 
+class UnsupportedFunctionError(TraceError):
+    """A custom ``torch.autograd.Function`` that automap cannot keep as one opaque
+    op (it would otherwise be traced through and trained with the wrong
+    gradient); ``function`` names it."""
+
+    def __init__(self, message: str, function: str) -> None:
+        super().__init__(message)
+        self.function = function
+
+
 class UnsupportedOpError(AutomapError):
     """Ops without a sharding generator, raised when planning strictly.
 

@@ -23,7 +23,12 @@ from automap.sharding.collectives import identity_all_reduce_grad, split_dim
 from automap.sharding.spec import ShardingSpec
 from automap.solve.signatures import op_family, signature
 
-_BIAS_OPS = {"linear": 2, "addmm": 0, "baddbmm": 0, "conv1d": 2, "conv2d": 2, "conv3d": 2}
+_BIAS_OPS = {"linear": 2, "addmm": 0, "baddbmm": 0, "conv1d": 2, "conv2d": 2, "conv3d": 2,
+             "conv_transpose1d": 2, "conv_transpose2d": 2, "conv_transpose3d": 2}
+#: Ops whose output shares its input's storage (writes into it reach the input).
+_VIEWS_OF_BASE = {"slice", "select", "narrow", "view", "_unsafe_view", "reshape", "unsqueeze",
+                  "squeeze", "transpose", "permute", "t", "expand", "alias", "diagonal",
+                  "as_strided", "unflatten", "flatten"}
 _WITHOUT_BIAS = {"addmm": torch.ops.aten.mm.default, "baddbmm": torch.ops.aten.bmm.default}
 
 
@@ -58,6 +63,8 @@ class _Pass:
         self.out = GeneratedGraph(fx.Graph(), {})
         self.em = Emitter(self.out.graph, groups, self.out.attrs)
         self.env: dict[str, fx.Node] = {}
+        # View node -> (its base, whether it read the base unconverted).
+        self.view_base: dict[str, tuple[fx.Node, bool]] = {}
 
     # Specs ---------------------------------------------------------------------------
     def spec_of(self, node: fx.Node, index: int = 0) -> str:
@@ -129,12 +136,18 @@ class _Pass:
             return self.em.convert(value, self.spec_of(producer, index), node_plan.inputs[0],
                                    _tensor_val(node).shape, _dtype_bytes(node))
         args, kwargs = self.inputs(node, node_plan)
+        if family in _VIEWS_OF_BASE and isinstance(node.args[0], fx.Node):
+            self.view_base[node.name] = (node.args[0], args[0] is self.env[node.args[0].name])
         self.check_in_place(node, args, kwargs)
         partial = list(node_plan.partial_axes)
         bias = None
         if node_plan.kind == "view" or family in ("expand", "unflatten"):
             args = localize.local_sizes(family, args, node, node_plan.outputs[0], self.mesh)
-        if partial and family == "embedding":
+        scatter_dim = node_plan.scatter_dim
+        rewritten = localize.rewrite(self.em, node, family, args, kwargs, node_plan, self.rank)
+        if rewritten is not None:
+            value, partial, scatter_dim = rewritten
+        elif partial and family == "embedding":
             value = localize.vocab_parallel(self.em, args, kwargs, node_plan.inputs[0],
                                             node.args[0], self.rank)
         elif partial and family == "mean":
@@ -162,9 +175,9 @@ class _Pass:
             value = self.em.call(take_shard, value, bounds)
         if partial and not isinstance(node.meta.get("val"), torch.Tensor):
             raise AutomapError(f"{node.name}: partial sums of a multi-output op")
-        value = self.em.reduce_partial(value, partial, node_plan.scatter_dim)
+        value = self.em.reduce_partial(value, partial, scatter_dim)
         if bias is not None:
-            value = self.add_bias(node, family, value, bias, partial, node_plan.scatter_dim)
+            value = self.add_bias(node, family, value, bias, partial, scatter_dim)
         return value
 
     def inputs(self, node: fx.Node, node_plan) -> tuple[tuple, dict]:
@@ -205,13 +218,30 @@ class _Pass:
                 continue
             old = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
             new = args[i] if i < len(args) else kwargs.get(arg.name)
-            if not isinstance(old, fx.Node) or new is self.env[old.name]:
+            if not isinstance(old, fx.Node):
+                continue
+            if new is self.env[old.name]:
+                self.check_written_view(node, old)
                 continue
             if self.traced.state_of(old.name) is not None or len(old.users) > 1:
                 raise AutomapError(
                     f"{node.name} ({op_family(node)}) writes into {old.name}, but the plan "
                     f"gives {old.name} another layout there, so the write would be lost; the "
                     "plan must keep an in-place op's mutated input in its producer's spec")
+
+    def check_written_view(self, node: fx.Node, view: fx.Node) -> None:
+        """An in-place op writing into a view (``shifted[:, 1:] = ids[:, :-1]``)
+        writes into the view's base only where each view on the way read its
+        base as it is, not a converted copy."""
+        while view.name in self.view_base:
+            base, direct = self.view_base[view.name]
+            if not direct:
+                raise AutomapError(
+                    f"{node.name} ({op_family(node)}) writes into {view.name}, a view of "
+                    f"{base.name}, but the plan converts {base.name} on the way, so the "
+                    "write would be lost; the plan must keep a written view in its base's "
+                    "spec")
+            view = base
 
     def add_bias(self, node, family, value, bias, partial, scatter_dim) -> fx.Node:
         out_shape = list(_tensor_val(node).shape)

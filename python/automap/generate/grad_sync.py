@@ -46,13 +46,16 @@ class GradientSync:
         open_by_group: dict[tuple, _Bucket] = {}
         self._bucket_of: dict[int, _Bucket] = {}
         for param, group in params:
-            bucket = open_by_group.get(group.axes)
+            # One dtype per bucket: a complex gradient cat with real ones would
+            # make every one complex (and the real ones warn when copied back).
+            key = (group.axes, param.dtype)
+            bucket = open_by_group.get(key)
             nbytes = param.numel() * param.element_size()
             if bucket is None or sum(p.numel() * p.element_size()
                                      for p in bucket.params) + nbytes > bucket_bytes:
                 bucket = _Bucket(group, [])
                 self.buckets.append(bucket)
-                open_by_group[group.axes] = bucket
+                open_by_group[key] = bucket
             bucket.params.append(param)
             self._bucket_of[id(param)] = bucket
         self._previous: dict[int, torch.Tensor] = {}

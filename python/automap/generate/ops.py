@@ -4,9 +4,14 @@ ranges) computed for this rank when the module was generated."""
 
 from __future__ import annotations
 
-import torch
+import math
 
-from automap.sharding.collectives import all_reduce_
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import is_fake
+
+from automap.sharding.collectives import all_reduce_, all_reduce_sum, identity_all_reduce_grad
 from automap.sharding.process_groups import AxisGroup
 
 
@@ -31,7 +36,8 @@ def vocab_parallel_embedding(
 
 
 def loss_denominator(
-    target: torch.Tensor, weight: torch.Tensor | None, ignore_index: int, group: AxisGroup
+    target: torch.Tensor, weight: torch.Tensor | None, ignore_index: int,
+    group: AxisGroup | None
 ) -> torch.Tensor:
     """What a mean-reduced (cross-entropy / NLL) loss divides by, over the whole
     batch: the count (or class-weight sum) of the targets not ignored, summed over
@@ -43,4 +49,103 @@ def loss_denominator(
     else:
         local = (weight[target.masked_fill(~valid, 0)] * valid).sum().to(torch.float32)
     local = local.detach().clone()
-    return all_reduce_(local, group)
+    return local if group is None or group.size == 1 else all_reduce_(local, group)
+
+
+# Class-parallel normalisation (Megatron-LM's vocab-parallel loss): the class dim
+# of the logits is split over ``group``; a max and a sum over the shards make the
+# log-sum-exp whole on every member.
+
+
+def class_parallel_logsumexp(x: torch.Tensor, dims: list[int], keepdim: bool,
+                             group: AxisGroup) -> torch.Tensor:
+    """logsumexp over ``dims`` of a tensor split along them: the shards' max
+    (all-reduced, no gradient: it only keeps exp in range) and the shards' sums
+    of exp (all-reduced; its backward is the identity, since the result is whole
+    on every member and so is its gradient)."""
+    peak = x.detach().amax(dims, keepdim=True)
+    if group.size > 1 and not group.simulated:
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group.group)
+    peak = peak.masked_fill(torch.isinf(peak), 0.0)  # rows of -inf stay -inf, not nan
+    total = all_reduce_sum(torch.exp(x - peak).sum(dims, keepdim=True), group)
+    out = torch.log(total) + peak
+    return out if keepdim else out.squeeze(dims)
+
+
+def class_parallel_log_softmax(x: torch.Tensor, dim: int, group: AxisGroup) -> torch.Tensor:
+    """log_softmax along a split dim: x minus the whole log-sum-exp, whose
+    gradient (summed over this shard's classes) is partial over the group."""
+    lse = class_parallel_logsumexp(x, [dim], True, group)
+    return x - identity_all_reduce_grad(lse, group)
+
+
+def class_parallel_softmax(x: torch.Tensor, dim: int, group: AxisGroup) -> torch.Tensor:
+    return torch.exp(class_parallel_log_softmax(x, dim, group))
+
+
+def class_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
+                                 class_start: int, group: AxisGroup) -> torch.Tensor:
+    """Per-target cross-entropy (0 where ignored) with the class dim (1, or 0
+    for one unbatched row) split: log-sum-exp over the shards minus the target's
+    logit, picked on the shard that holds it and summed over the group."""
+    dim = 1 if logits.dim() > 1 else 0
+    lse = class_parallel_logsumexp(logits, [dim], False, group)
+    local = target - class_start
+    inside = (local >= 0) & (local < logits.shape[dim]) & (target != ignore_index)
+    index = local.clamp(0, logits.shape[dim] - 1).unsqueeze(dim)
+    picked = logits.gather(dim, index).squeeze(dim) * inside
+    loss = lse - all_reduce_sum(picked, group)
+    return loss.masked_fill(target == ignore_index, 0.0)
+
+
+def expert_parallel_grouped_mm(op, x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor,
+                               first_expert: int) -> torch.Tensor:
+    """A grouped matmul over this shard's experts ``first_expert ..`` (rows of x
+    sorted by expert, ``offs`` the global row ends per expert): their rows
+    computed, zeros elsewhere, so the shards' outputs sum to the whole result."""
+    last = first_expert + weight.shape[0]
+    if is_fake(offs):  # simulated (generate/simulate.py): rows spread evenly
+        start, end = (x.shape[0] * e // offs.shape[0] for e in (first_expert, last))
+    else:
+        start = int(offs[first_expert - 1]) if first_expert > 0 else 0
+        end = int(offs[last - 1])
+    rows = op(x[start:end], weight, offs[first_expert:last] - start)
+    return F.pad(rows, (0, 0, start, x.shape[0] - end))
+
+
+# Random ops: every rank draws the whole tensor from the default generator, as
+# the serial model does, and keeps its shard. Replicated and sharded parts then
+# consume the generator alike and draw the serial model's numbers.
+
+
+def sharded_dropout(op, x: torch.Tensor, p: float, train: bool, global_shape: list[int],
+                    bounds: tuple[tuple[int, int], ...]) -> torch.Tensor:
+    """``op`` (dropout or dropout_) on this shard of a tensor of ``global_shape``:
+    the scaled mask drawn whole (dropout of ones), this shard's block applied."""
+    if not train or p == 0 or math.prod(global_shape) == 0:
+        return x
+    whole = torch.ones(global_shape, dtype=x.dtype, device=x.device)
+    mask = torch.ops.aten.dropout_.default(whole, p, train)
+    block = mask[tuple(slice(a, b) for a, b in bounds)]
+    return x.mul_(block) if op is torch.ops.aten.dropout_.default else x * block
+
+
+def sharded_random_like(op, x: torch.Tensor, global_shape: list[int],
+                        bounds: tuple[tuple[int, int], ...], *args, **kwargs) -> torch.Tensor:
+    """rand_like/randn_like/bernoulli(p) of this shard: drawn whole, block kept."""
+    whole = op(torch.empty(global_shape, dtype=x.dtype, device=x.device), *args, **kwargs)
+    return whole[tuple(slice(a, b) for a, b in bounds)].contiguous()
+
+
+def with_shard_rng(shard: int, op, *args, **kwargs):
+    """``op`` drawing random numbers that only this shard uses (attention's own
+    dropout, which cannot be drawn whole): one seed from the default generator
+    (the same on every rank, which all advance alike), plus the shard index, so
+    that replicas of a shard draw alike and other shards independently."""
+    if any(is_fake(a) for a in args if isinstance(a, torch.Tensor)):
+        return op(*args, **kwargs)  # simulated: no numbers drawn
+    seed = int(torch.randint(0, 2**62, (1,)).item())
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed + shard)
+        return op(*args, **kwargs)

@@ -103,7 +103,9 @@ class StrategyTable:
 def _tensor_infos(val) -> list[TensorInfo]:
     leaves = val if isinstance(val, (list, tuple)) else [val]
     return [
-        TensorInfo(tuple(int(s) for s in t.shape), t.dtype.itemsize, t.is_floating_point())
+        # Complex tensors are differentiable too (their gradients need reducing).
+        TensorInfo(tuple(int(s) for s in t.shape), t.dtype.itemsize,
+                   t.is_floating_point() or t.is_complex())
         for t in leaves
         if isinstance(t, torch.Tensor)
     ]
@@ -251,6 +253,9 @@ def _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count, flops_per_
             grads, sig.additive_flags(), flops)
         costs = np.frombuffer(costs, dtype=np.float64).reshape(-1, 3)
         in_specs = [tuple(s) for s in in_specs]
+        if sig.split_reductions is not None:
+            costs = costs + _split_reduction_costs(sig.split_reductions, ins, in_specs, mesh,
+                                                   shard_count)
         out_specs = [tuple(s) for s in out_specs]
     elif sig.kind == "view":
         pairs = _core.reshape_strategies(list(ins[0].shape), list(outs[0].shape), mesh)
@@ -356,6 +361,23 @@ def _activation_memory(options: NodeOptions, ins, outs, prof, mesh, shard_count,
     options.fwd_transient_bytes = fwd
     options.bwd_transient_bytes = bwd
     options.bucket_bytes = buckets
+
+
+def _split_reduction_costs(split, ins, in_specs, mesh, shard_count) -> np.ndarray:
+    """Per strategy, (0, forward, backward) seconds of the all-reduces a split
+    of ``split``'s dim adds (``Signature.split_reductions``): each of a tensor
+    with the input's other dims, local, over the axes splitting that dim."""
+    index, dim, forward, backward = split
+    info = ins[index]
+    out = np.zeros((len(in_specs), 3))
+    for i, specs in enumerate(in_specs):
+        axes = list(ShardingSpec.parse(specs[index]).dims[dim])
+        if axes:
+            along = math.prod(mesh.shape[a] for a in axes)
+            local = info.nbytes / info.shape[dim] / (shard_count(specs[index]) / along)
+            cost = mesh.all_reduce_cost_s(local, axes)
+            out[i, 1:] = forward * cost, backward * cost
+    return out
 
 
 def restrict(table: StrategyTable, keep) -> None:

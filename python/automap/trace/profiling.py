@@ -489,7 +489,10 @@ class TrackStorage(TorchDispatchMode):
         self.workspace = CPU_WORKSPACE if device.type == "cpu" else WORKSPACE
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        if func is _aten.histc.default and not args[0].is_floating_point():
+            out = _integer_histc(*args, **(kwargs or {}))
+        else:
+            out = func(*args, **(kwargs or {}))
         for leaf in pytree.tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 self.rec.track(leaf)
@@ -497,6 +500,13 @@ class TrackStorage(TorchDispatchMode):
         if workspace is not None:
             self.rec.transient(workspace(args, out))
         return out
+
+
+def _integer_histc(x: torch.Tensor, bins: int = 100, *args, **kwargs) -> torch.Tensor:
+    """histc of integers (a mixture-of-experts router's counts, traced on meta
+    for CUDA, which has the kernel): torch's meta kernel refuses them as the
+    CPU one does, but only the shape matters here."""
+    return x.new_empty((bins,))
 
 
 @dataclass

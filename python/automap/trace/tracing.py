@@ -7,6 +7,9 @@ parameters, buffers and user inputs are placeholders. Export runs the model's Py
 FakeTensors, so no real compute happens and models built on ``torch.device("meta")``
 trace as well as ordinary ones.
 
+Custom ``torch.autograd.Function``s stay one op each, whose backward is the
+Function's own (:mod:`automap.trace.functions`).
+
 Example inputs: a tensor, a tuple of positional arguments, or a dict of keyword
 arguments (the usual form for Hugging Face models: ``{"input_ids": ..., "labels": ...}``).
 """
@@ -26,8 +29,9 @@ from torch import fx, nn
 from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
-from automap.errors import TraceError
+from automap.errors import TraceError, UnsupportedFunctionError
 from automap.trace import hf_compat
+from automap.trace.functions import opaque_functions
 
 log = logging.getLogger(__name__)
 
@@ -294,15 +298,30 @@ def trace(
     log.info("exporting %s with torch.export", type(model).__name__)
     start_s = time.perf_counter()
     try:
-        with hf_compat.adjusted(model, attn_implementation) if is_hf else contextlib.nullcontext():
+        with hf_compat.adjusted(model, attn_implementation) if is_hf else \
+                contextlib.nullcontext(), opaque_functions():
             exported = torch.export.export(step, args, kwargs, strict=False)
     except TraceError:
         raise
-    except Exception as exc:  # torch.export raises many unrelated types; all mean "cannot trace"
+    except Exception as exc:
+        cause = _cause(exc, UnsupportedFunctionError)
+        if cause is not None:
+            raise cause from exc
         raise TraceError(_explain_export_failure(model, exc, is_hf)) from exc
     traced = TracedGraph(exported, model, has_loss=loss_fn is not None)
     log.info("exported %d nodes in %.1f s", len(traced.nodes), time.perf_counter() - start_s)
     return traced
+
+
+def _cause(exc: BaseException, kind: type) -> BaseException | None:
+    """The first exception of type ``kind`` in ``exc``'s chain (export wraps them)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _explain_export_failure(model: nn.Module, exc: Exception, is_hf: bool) -> str:
