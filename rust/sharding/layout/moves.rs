@@ -64,8 +64,9 @@ pub struct LayoutPath {
 
 impl LayoutPath {
     pub fn from_steps(src: ShardingSpec, dst: ShardingSpec, steps: Vec<LayoutStep>) -> LayoutPath {
-        let forward_cost_s = steps.iter().map(|s| s.forward_cost_s).sum();
-        let backward_cost_s = steps.iter().map(|s| s.backward_cost_s).sum();
+        // Folded from +0.0: an empty f64 sum is -0.0, which prints as "-0".
+        let forward_cost_s = steps.iter().fold(0.0, |t, s| t + s.forward_cost_s);
+        let backward_cost_s = steps.iter().fold(0.0, |t, s| t + s.backward_cost_s);
         LayoutPath {
             src,
             dst,
