@@ -63,13 +63,18 @@ def run_on_gloo(fn, world_size: int, *args, timeout_s: float = 300.0) -> list:
         try:
             while not ctx.join(timeout=1.0):
                 if time.monotonic() > deadline:
-                    for p in ctx.processes:
-                        p.kill()
                     raise TimeoutError(f"{world_size} gloo processes did not finish in "
                                        f"{timeout_s:.0f} s")
         except ProcessException as e:
             errors = sorted(f for f in os.listdir(result_dir) if f.endswith(".err"))
             detail = open(os.path.join(result_dir, errors[0])).read() if errors else str(e)
             raise RuntimeError(f"rank process failed:\n{detail}") from None
+        finally:
+            # On any way out (an error, a timeout, a test's own timeout or ^C) no
+            # rank outlives the call: SIGKILL also ends a stopped one.
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+                    p.join(5.0)
         return [torch.load(os.path.join(result_dir, f"{r}.pt"), weights_only=False)
                 for r in range(world_size)]

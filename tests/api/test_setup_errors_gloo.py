@@ -12,9 +12,8 @@ import automap
 from automap.launch import run_on_gloo
 from setup_workers import errors_reach_every_rank, stopped_rank
 
-pytestmark = pytest.mark.multiprocess
 
-
+@pytest.mark.multiprocess
 @pytest.mark.timeout(400)
 def test_errors_reach_every_rank_as_the_same_typed_error():
     results = run_on_gloo(errors_reach_every_rank, 2, timeout_s=300)
@@ -35,6 +34,7 @@ def test_errors_reach_every_rank_as_the_same_typed_error():
     assert results[0]["planning"]["least"] == results[1]["planning"]["least"]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_a_stopped_rank_is_reported_within_the_setup_timeout():
     timeout_s = 5.0

@@ -154,7 +154,8 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 backend=None) -> Plan:
     """``plan`` for an already traced and profiled graph."""
     memory_budget_bytes = check_budget(memory_budget_bytes)
-    optimizer, flops_per_s = check_optimizer(optimizer), check_flops(flops_per_s)
+    optimizer = check_optimizer(optimizer)
+    flops_per_s = check_flops(flops_per_s) or DEFAULT_FLOPS_PER_S
     check_time_limit(time_limit_s)
     check_choice(checkpointing, "checkpointing", CHECKPOINTING)
     t0 = time.perf_counter()

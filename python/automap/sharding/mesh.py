@@ -147,12 +147,16 @@ class DeviceMesh:
                 raise InvalidMeshError(f"no mesh axis named {axis!r} (axes: {self.axis_names})")
             return self.axis_names.index(axis)
         if not _is_int(axis) or not 0 <= axis < self.ndim:
-            raise InvalidMeshError(f"mesh axis {axis} is out of range for a {self.ndim}-D mesh")
+            raise InvalidMeshError(f"mesh axis {axis!r} is out of range for a {self.ndim}-D "
+                                   f"mesh (axes 0 to {self.ndim - 1} or {list(self.axis_names)})")
         return int(axis)
 
     def _axes(self, axes) -> list[int]:
-        if isinstance(axes, (int, str)):
+        if isinstance(axes, (numbers.Integral, str)):
             axes = [axes]
+        if not isinstance(axes, Iterable):
+            raise InvalidMeshError(f"axes must be a mesh axis (index or name) or a sequence of "
+                                   f"them, got {axes!r}")
         return [self.axis_index(a) for a in axes]
 
     def coordinate(self, rank: int) -> tuple[int, ...]:
