@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -33,15 +34,29 @@ def _worker(rank, world_size, port, timeout_s, fn, args, result_dir):
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
     )
+    status = 1
     try:
         result = fn(rank, world_size, *args)
         torch.save(result, os.path.join(result_dir, f"{rank}.pt"))
+        status = 0
     except BaseException:
         with open(os.path.join(result_dir, f"{rank}.err"), "w") as f:
             f.write(traceback.format_exc())
-        raise
     finally:
         dist.destroy_process_group()
+    # Leave without interpreter finalisation. destroy_process_group does not
+    # join gloo's native threads (each group's two work loops, the transport
+    # loops, the store's daemon on rank 0) while Python objects still hold the
+    # groups (a module's process groups sit in reference cycles), and a work
+    # loop releases each finished work a moment after waking the waiter. A
+    # release whose tensors Python has already dropped takes the GIL; a native
+    # thread that takes the GIL while the interpreter finalises is ended inside
+    # a noexcept destructor, and C++ aborts: "terminate called without an
+    # active exception", seen once on a busy machine. The results are on disk:
+    # nothing is left to finalise.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def run_on_gloo(fn, world_size: int, *args, timeout_s: float = 300.0) -> list:

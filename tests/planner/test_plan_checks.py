@@ -153,6 +153,15 @@ def test_explain_shows_full_names_counts_and_what_is_left_out(case):
         assert tuple(n.outputs) not in outputs
 
 
+def test_verbose_planning_names_the_budget(case, capsys):
+    model, x, mesh, _, _ = case
+    automap.plan(model, (x,), mesh, 12_000, loss_fn=_loss, flops_per_s=1e6, verbose=True)
+    printed = capsys.readouterr().out
+    assert "unlimited" not in printed
+    assert "no memory limit" in printed  # the fastest plan, solved first
+    assert "11.7 KiB" in printed  # the user's budget, in a unit that shows it
+
+
 def test_checkpoint_counts_are_worded(case):
     from automap.checkpoint.record import CheckpointPlan
 

@@ -25,6 +25,9 @@ def register(subparsers) -> None:
     p.add_argument("--sizes", type=_sizes, metavar="BYTES,...",
                    help="message sizes, e.g. 8,4K,1M,4M (default: by backend)")
     p.add_argument("--iters", type=positive_int, default=5, help="timed repetitions per size")
+    p.add_argument("--repeats", type=positive_int, default=3,
+                   help="runs of the pair measurements; each pair takes the median, and tiers "
+                        "split only where bandwidths differ beyond the runs' spread")
     p.add_argument("--measure-groups", type=count, default=3, metavar="K",
                    help="measure the axes of the best K candidate meshes by group all-reduce")
     p.add_argument("--no-flops", action="store_true", help="skip the matmul rate measurement")
@@ -43,6 +46,7 @@ def _options(args) -> dict:
     return {
         "sizes_bytes": args.sizes,
         "iters": args.iters,
+        "repeats": args.repeats,
         "measure_groups": args.measure_groups,
         "measure_flops": not args.no_flops,
         "quiet": args.quiet,
