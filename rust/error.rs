@@ -49,6 +49,23 @@ pub(crate) fn limit_exceeded<T>(msg: impl Into<String>) -> Result<T> {
     Err(AutomapError::LimitExceeded(msg.into()))
 }
 
+/// Checks a graph given as lists of earlier nodes (graph order): list `i` may
+/// name only nodes `< i`. `what` names the function and the lists, e.g.
+/// "linearize: parents".
+pub(crate) fn check_earlier<'a>(
+    what: &str,
+    lists: impl IntoIterator<Item = &'a [usize]>,
+) -> Result<()> {
+    for (i, list) in lists.into_iter().enumerate() {
+        if let Some(&p) = list.iter().find(|&&p| p >= i) {
+            return invalid_argument(format!(
+                "{what} of node {i} name node {p}; they must be earlier nodes (< {i})"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The product of `sizes`, or None when it does not fit a `usize`.
 pub(crate) fn checked_product(sizes: impl IntoIterator<Item = usize>) -> Option<usize> {
     sizes

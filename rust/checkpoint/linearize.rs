@@ -12,7 +12,7 @@
 //! not hold one giant stage open. Placeholders (parameters, inputs) belong to
 //! no stage.
 
-use crate::error::{invalid_argument, Result};
+use crate::error::{check_earlier, Result};
 
 /// What linearization needs to know about one node (graph order).
 #[derive(Debug, Clone, Default)]
@@ -39,15 +39,10 @@ fn common_nodes(nodes: &[LinearNode]) -> Vec<bool> {
 /// The stages: lists of node indices (placeholders excluded), in order.
 /// Every node's parents must be earlier nodes.
 pub fn linearize(nodes: &[LinearNode]) -> Result<Vec<Vec<usize>>> {
-    if let Some((i, p)) = nodes
-        .iter()
-        .enumerate()
-        .find_map(|(i, n)| n.parents.iter().find(|&&p| p >= i).map(|&p| (i, p)))
-    {
-        return invalid_argument(format!(
-            "linearize: node {i} has parent {p}; parents must be earlier nodes (< {i})"
-        ));
-    }
+    check_earlier(
+        "linearize: the parents",
+        nodes.iter().map(|n| n.parents.as_slice()),
+    )?;
     let common = common_nodes(nodes);
     let mut children: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
     for (i, node) in nodes.iter().enumerate() {

@@ -10,7 +10,7 @@
 use rustc_hash::FxHashMap;
 use std::collections::hash_map::DefaultHasher;
 
-use crate::error::{invalid_argument, Result};
+use crate::error::{check_earlier, Result};
 use std::hash::{Hash, Hasher};
 
 /// What block detection needs to know about one graph node.
@@ -49,15 +49,10 @@ fn instance_of(path: &str) -> Option<(String, u64)> {
 /// Classes of structurally identical block instances with at least two
 /// instances. Every node must read only earlier nodes.
 pub fn detect_blocks(nodes: &[BlockNode]) -> Result<Vec<BlockClass>> {
-    if let Some((i, p)) = nodes
-        .iter()
-        .enumerate()
-        .find_map(|(i, n)| n.inputs.iter().find(|&&p| p >= i).map(|&p| (i, p)))
-    {
-        return invalid_argument(format!(
-            "detect_blocks: node {i} reads node {p}; inputs must be earlier nodes (< {i})"
-        ));
-    }
+    check_earlier(
+        "detect_blocks: the inputs",
+        nodes.iter().map(|n| n.inputs.as_slice()),
+    )?;
     // (container, index) -> node indices in graph order.
     let mut order: Vec<(String, u64)> = Vec::new();
     let mut members: FxHashMap<(String, u64), Vec<usize>> = FxHashMap::default();
