@@ -15,6 +15,7 @@ others. Gloo collectives that time out become ``DistributedError`` too."""
 from __future__ import annotations
 
 import math
+import numbers
 import pickle
 import re
 from collections.abc import Callable
@@ -32,7 +33,7 @@ DEFAULT_SETUP_TIMEOUT_S = 300.0
 
 def check_timeout(value) -> float:
     """A setup timeout: a finite number of seconds > 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
             not math.isfinite(value) or value <= 0:
         raise InvalidArgumentError(f"setup_timeout_s must be a finite number of seconds > 0, "
                                    f"got {value!r}")
@@ -130,6 +131,7 @@ class SetupChannel:
             _raise_copy(value, leader, self.rank, step)
         return value
 
+
 def _run(fn: Callable[[], Any]) -> tuple[Exception | None, bytes | None, Any]:
     """(None, None, result), or (the error, its pickled form to share, None)."""
     try:
@@ -144,7 +146,10 @@ def _run(fn: Callable[[], Any]) -> tuple[Exception | None, bytes | None, Any]:
 
 
 def _raise_copy(shared: bytes, rank: int, here: int, step: str):
-    exc = pickle.loads(shared)
+    try:
+        exc = pickle.loads(shared)
+    except Exception as unreadable:  # a class this rank cannot import
+        exc = unreadable
     if not isinstance(exc, AutomapError):
         exc = DistributedError(f"rank {rank} failed while {step}: {type(exc).__name__}: {exc}")
     if hasattr(exc, "add_note"):

@@ -253,11 +253,19 @@ impl PySpec {
     /// From the mesh axes of each dim, e.g. [[0, 1], []] for "S01R".
     #[staticmethod]
     fn from_dims(dims: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let dims = counts_arg("dims", dims).map(|_| Vec::new()).or_else(|_| {
-            dims.try_iter()?
-                .map(|d| counts_arg("each entry of dims", &d?))
-                .collect::<PyResult<Vec<_>>>()
-        })?;
+        let not_a_list = || {
+            invalid_argument(
+                "dims must be a sequence of sequences of mesh axes, e.g. [[0, 1], []] for S01R",
+            )
+        };
+        if dims.is_instance_of::<pyo3::types::PyString>() {
+            return Err(not_a_list());
+        }
+        let dims = dims
+            .try_iter()
+            .map_err(|_| not_a_list())?
+            .map(|d| counts_arg("each entry of dims", &d?))
+            .collect::<PyResult<Vec<_>>>()?;
         Ok(PySpec {
             inner: ShardingSpec::from_dims(&dims).py()?,
         })

@@ -21,10 +21,10 @@ class ParallelModule(fx.GraphModule):
     checks the inputs against those the plan was made for (their structure, and
     each tensor's shape and dtype: the local shard's with ``local_inputs``) and
     raises ``InputMismatchError`` naming the input, what was expected and what came.
-    The train/eval mode of the model when it was traced is part of the graph (dropout, batch norm):
-    generate an eval module from a model traced in eval mode. Data-parallel gradient
-    all-reduces run outside the graph, in ``gradient_sync`` (bucketed, asynchronous,
-    finished when ``backward()`` returns)."""
+    The train/eval mode of the model when it was traced is part of the graph
+    (dropout, batch norm): generate an eval module from a model traced in eval mode.
+    Data-parallel gradient all-reduces run outside the graph, in ``gradient_sync``
+    (bucketed, asynchronous, finished when ``backward()`` returns)."""
 
     plan: object
     groups: object
