@@ -72,7 +72,8 @@ def plans_for(name: str, folder: str, fractions, modes=("off", "auto")) -> list[
             row["path"] = os.path.join(folder, f"{name}_{fraction}_{mode}.json")
             plan.to_json(row["path"])
             row["predicted"] = plan.predicted_peak_memory_bytes
-            row["modelled"] = plan.solver.get("modelled_peak_bytes", plan.predicted_peak_memory_bytes)
+            row["modelled"] = plan.solver.get("modelled_peak_bytes",
+                                              plan.predicted_peak_memory_bytes)
             row["blocks"] = plan.checkpoint.block_count() if plan.checkpoint else 0
             rows.append(row)
     return rows

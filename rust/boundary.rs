@@ -77,7 +77,10 @@ proptest! {
             let _ = m.rank_at(&coord);
             let _ = m.coordinate(rank);
             let _ = m.axis_groups(&axes);
-            let _ = m.collective_cost_s(Collective::AllReduce, bytes, &axes);
+            for kind in [Collective::AllReduce, Collective::AllGather, Collective::AllToAll] {
+                let _ = m.collective_cost_s(kind, bytes, &axes);
+                let _ = m.collective_plan(kind, bytes, &axes);
+            }
         }
     }
 

@@ -18,7 +18,7 @@ from automap import (
     LimitExceededError,
     StalePlanError,
 )
-from automap.planner.plan import Plan
+from automap.planner.plan import Plan, format_bytes
 from automap.planner.validate import content_fingerprint
 from automap.trace.tracing import trace
 
@@ -154,12 +154,17 @@ def test_explain_shows_full_names_counts_and_what_is_left_out(case):
 
 
 def test_verbose_planning_names_the_budget(case, capsys):
-    model, x, mesh, _, _ = case
-    automap.plan(model, (x,), mesh, 12_000, loss_fn=_loss, flops_per_s=1e6, verbose=True)
+    model, x, mesh, fastest, _ = case
+    with pytest.raises(automap.InfeasibleBudgetError) as err:
+        automap.plan(model, (x,), mesh, 100, loss_fn=_loss, flops_per_s=1e6)
+    least = err.value.smallest_feasible_budget_bytes
+    budget = (least + fastest.predicted_peak_memory_bytes) / 2  # binds, yet fits
+    capsys.readouterr()
+    automap.plan(model, (x,), mesh, budget, loss_fn=_loss, flops_per_s=1e6, verbose=True)
     printed = capsys.readouterr().out
     assert "unlimited" not in printed
     assert "no memory limit" in printed  # the fastest plan, solved first
-    assert "11.7 KiB" in printed  # the user's budget, in a unit that shows it
+    assert f"memory limit {format_bytes(budget)}" in printed, printed
 
 
 def test_checkpoint_counts_are_worded(case):

@@ -284,35 +284,6 @@ mod tests {
             .is_err());
     }
 
-    fn specs(texts: &[&str]) -> Vec<ShardingSpec> {
-        texts
-            .iter()
-            .map(|s| ShardingSpec::parse(s).unwrap())
-            .collect()
-    }
-
-    /// The matrix of `ctx` agrees with single-pair searches in a fresh context.
-    fn assert_matrix_matches_paths(ctx: &LayoutContext, specs: &[ShardingSpec]) -> CostMatrix {
-        let m = ctx.cost_matrix(specs, specs).unwrap();
-        let fresh = LayoutContext::new(ctx.problem().clone());
-        let n = specs.len();
-        for (i, s) in specs.iter().enumerate() {
-            for (j, d) in specs.iter().enumerate() {
-                let p = fresh.path(s, d).unwrap();
-                let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1e-9);
-                assert!(
-                    close(m.forward_s[i * n + j], p.forward_cost_s),
-                    "{s} -> {d}"
-                );
-                assert!(
-                    close(m.backward_s[i * n + j], p.backward_cost_s),
-                    "{s} -> {d}"
-                );
-            }
-        }
-        m
-    }
-
     #[test]
     fn paths_do_not_depend_on_the_matrices_searched_before() {
         // Near-zero latencies: many conversions have several paths of equal cost.
