@@ -47,8 +47,8 @@ fn cases() -> Vec<(&'static str, DeviceMesh, Vec<usize>)> {
 
 fn bench_layout(c: &mut Criterion) {
     for (name, mesh, shape) in cases() {
-        let problem = LayoutProblem::new(&mesh, &shape, 4);
-        let specs = enumerate_specs(&shape, mesh.shape());
+        let problem = LayoutProblem::new(&mesh, &shape, 4).unwrap();
+        let specs = enumerate_specs(&shape, mesh.shape()).unwrap();
         let pairs = sample_pairs(&specs, 256);
         let mut i = 0;
         c.bench_function(
@@ -62,7 +62,7 @@ fn bench_layout(c: &mut Criterion) {
             },
         );
 
-        let ctx = layout_context(&mesh, &shape, 4);
+        let ctx = layout_context(&mesh, &shape, 4).unwrap();
         for (s, d) in &pairs {
             ctx.path(s, d).unwrap();
         }

@@ -28,7 +28,7 @@ fn bench_rotor(c: &mut Criterion) {
     let mut group = c.benchmark_group("rotor");
     group.sample_size(10);
     for (len, slots) in [(100, 500), (400, 500)] {
-        let chain = bench_chain(len);
+        let chain = bench_chain(len).expect("a chain of at least one stage");
         let budget = bench_budget(&chain);
         let sch = solve(&chain, budget, slots).unwrap();
         eprintln!(

@@ -7,7 +7,26 @@
 //! - `checkpoint`: linearization and the rotor checkpointing DP.
 //!
 //! Pure Rust; the Python bindings live in `python/` behind the `python` feature.
+//!
+//! Nothing may panic across the Python boundary: every exported function
+//! validates its arguments and returns a typed error (`error.rs`), sizes use
+//! checked arithmetic, and outside tests the lints below refuse `unwrap`,
+//! `expect` and explicit panics; the proptests of `boundary.rs` feed the
+//! functions the bindings call arbitrary input.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::todo,
+        clippy::unimplemented,
+        clippy::unreachable
+    )
+)]
 
+#[cfg(test)]
+mod boundary;
 pub mod checkpoint;
 pub mod error;
 pub mod sharding;

@@ -12,3 +12,16 @@ sys.path.insert(0, os.path.join(here, "support"))
 sys.path.insert(1, os.path.join(here, "..", "benches"))
 sys.path.insert(2, os.path.join(here, "..", "examples"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every multi-process test sets its own pytest-timeout (a hang then fails in
+    minutes with the test's name, instead of holding the whole suite)."""
+    missing = [item.nodeid for item in items
+               if item.get_closest_marker("multiprocess") is not None
+               and item.get_closest_marker("timeout") is None]
+    if missing:
+        import pytest
+
+        raise pytest.UsageError("multiprocess tests without @pytest.mark.timeout: "
+                                + ", ".join(missing))

@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from automap.errors import InvalidMeshError
+from automap.coordination import DEFAULT_SETUP_TIMEOUT_S, SetupChannel
+from automap.errors import DistributedError, InvalidArgumentError, InvalidMeshError
 from automap.planner.plan import Plan
 from automap.sharding.mesh import DeviceMesh
 from automap.trace.example_inputs import describe_inputs, stand_in_inputs
@@ -24,10 +25,11 @@ def autoparallelize(
     plan: Plan | None = None,
     *,
     loss_fn=None,
-    optimizer: str = "adamw",
+    optimizer: str | None = "adamw",
     local_inputs: bool = False,
     device: str | torch.device | None = None,
     seed: int = 0,
+    setup_timeout_s: float = DEFAULT_SETUP_TIMEOUT_S,
     **plan_options,
 ):
     """Plan ``model`` on ``mesh`` (default: 1-D over the whole world; a
@@ -38,53 +40,84 @@ def autoparallelize(
     The module is called like ``model`` on ``example_inputs``-shaped inputs and
     returns the loss (``loss_fn(model(...))``, default ``automap.trace.tracing.
     default_loss``), replicated. Rank ``mesh.ranks[0]`` solves the plan and sends
-    it to the others. ``plan_options`` go to ``automap.plan`` (e.g. ``flops_per_s``,
+    it to the others. ``optimizer``: the optimizer whose state the plan makes room
+    for (``"sgd"``, ``"sgd_momentum"``, ``"adam"``, ``"adamw"``, or None for none).
+    ``plan_options`` go to ``automap.plan`` (e.g. ``flops_per_s``,
     ``checkpointing``: within a budget the plan may checkpoint activations, which the
     module then recomputes in nested ``torch.utils.checkpoint`` regions).
+
+    Every rank calls it. An error on any rank (while checking, planning on the
+    leader, or generating) is raised on every rank as the same ``AutomapError``;
+    each setup step waits at most ``setup_timeout_s`` for the other ranks
+    (planning on the leader included), then raises ``DistributedError`` naming
+    what did not answer.
     """
+    from automap.planner.checks import check_budget, check_optimizer
     from automap.planner.search import candidate_meshes, plan_best
     from automap.trace.profiling import profile_traced
 
-    if plan is not None:
-        mesh = plan.mesh
-    elif mesh is None:
-        mesh = _mesh_for_world(None)
     world = _world_size()
-    meshes, cluster_flops = candidate_meshes(mesh, size=world)
-    device = _device(device)
-    if memory_budget_bytes is None and device.type == "cuda":
-        memory_budget_bytes = torch.cuda.get_device_properties(device).total_memory
-    if cluster_flops and "flops_per_s" not in plan_options:
-        plan_options["flops_per_s"] = cluster_flops
+    channel = SetupChannel.of_world(setup_timeout_s)
+    channel.check_in("starting automap.autoparallelize")
 
-    traced = _trace(model, example_inputs, loss_fn)
-    if plan is None:
+    def prepare():
+        budget = check_budget(memory_budget_bytes)
+        check_optimizer(optimizer)
+        if plan is not None and not isinstance(plan, Plan):
+            raise InvalidArgumentError(f"plan must be None or an automap.Plan, got "
+                                       f"{type(plan).__name__}")
+        chosen = plan.mesh if plan is not None else mesh
+        chosen = _mesh_for_world(None) if chosen is None else chosen
+        meshes, cluster_flops = candidate_meshes(chosen, size=world)
         for candidate in meshes:
             _mesh_for_world(candidate)  # each must match the world before anyone plans
-        leader = meshes[0].ranks[0]
-        payload = [None]
-        if dist.get_rank() == leader:
-            found = plan_best(traced, profile_traced(traced, optimizer), meshes,
-                              memory_budget_bytes, optimizer=optimizer, **plan_options)
+        dev = _device(device)
+        if budget is None and dev.type == "cuda":
+            budget = torch.cuda.get_device_properties(dev).total_memory
+        if cluster_flops and "flops_per_s" not in plan_options:
+            plan_options["flops_per_s"] = cluster_flops
+        return meshes, dev, budget, _trace(model, example_inputs, loss_fn)
+
+    meshes, dev, budget, traced = channel.each_rank("checking the arguments and tracing",
+                                                    prepare)
+    if plan is None:
+        def solve():
+            found = plan_best(traced, profile_traced(traced, optimizer), meshes, budget,
+                              optimizer=optimizer, **plan_options)
             found.inputs = describe_inputs(example_inputs)
-            payload = [found.to_dict()]
-        dist.broadcast_object_list(payload, src=leader)
-        plan = Plan.from_dict(payload[0])
-    return _generate(traced, plan, model, _mesh_for_world(plan.mesh), device, local_inputs, seed)
+            return found.to_dict()
+
+        leader = meshes[0].ranks[0]
+        plan = channel.from_leader(f"planning on rank {leader}", leader, solve)
+        plan = Plan.from_dict(plan)
+    return _generate(channel, traced, plan, model, dev, local_inputs, seed)
 
 
 def apply(plan: Plan, model: nn.Module, example_inputs: Any = None, *, loss_fn=None,
-          local_inputs: bool = False, device: str | torch.device | None = None, seed: int = 0):
+          local_inputs: bool = False, device: str | torch.device | None = None, seed: int = 0,
+          setup_timeout_s: float = DEFAULT_SETUP_TIMEOUT_S):
     """This rank's ``ParallelModule`` of ``model`` under ``plan`` (made by
     ``automap.plan`` for the same model, inputs and loss). Without
     ``example_inputs``, stand-ins of the shapes and dtypes the plan recorded are
     traced. Raises ``StalePlanError`` when the model or input shapes changed
-    since planning."""
-    mesh = _mesh_for_world(plan.mesh)
-    if example_inputs is None:
-        example_inputs = stand_in_inputs(plan.inputs, _model_device(model))
-    traced = _trace(model, example_inputs, loss_fn)
-    return _generate(traced, plan, model, mesh, _device(device), local_inputs, seed)
+    since planning, ``InvalidPlanError`` when the plan does not fit the graph;
+    errors and timeouts reach every rank as in ``autoparallelize``."""
+    _world_size()
+    channel = SetupChannel.of_world(setup_timeout_s)
+    channel.check_in("starting automap.apply")
+
+    def prepare():
+        if not isinstance(plan, Plan):
+            raise InvalidArgumentError(f"plan must be an automap.Plan (e.g. "
+                                       f"automap.Plan.from_json(path)), got {type(plan).__name__}")
+        _mesh_for_world(plan.mesh)
+        inputs = example_inputs
+        if inputs is None:
+            inputs = stand_in_inputs(plan.inputs, _model_device(model))
+        return _device(device), _trace(model, inputs, loss_fn)
+
+    dev, traced = channel.each_rank("checking the plan and tracing", prepare)
+    return _generate(channel, traced, plan, model, dev, local_inputs, seed)
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -98,20 +131,26 @@ def _trace(model, example_inputs, loss_fn):
     return trace(model, example_inputs, loss_fn=loss_fn or default_loss)
 
 
-def _generate(traced, plan: Plan, model, mesh: DeviceMesh, device, local_inputs, seed):
+def _generate(channel: SetupChannel, traced, plan: Plan, model, device, local_inputs, seed):
     from automap.generate.program import generate
 
-    plan.check_matches(traced, mesh)
-    return generate(traced, plan, model, mesh.process_groups(), device=device,
-                    local_inputs=local_inputs, seed=seed)
+    mesh = plan.mesh
+    channel.each_rank("checking the plan against the graph",
+                      lambda: plan.check_matches(traced, _mesh_for_world(mesh)))
+    # Every rank is here and alive: the groups' creation does not wait on a lost rank.
+    channel.check_in("creating the mesh's process groups")
+    groups = mesh.process_groups()
+    return channel.each_rank("generating the parallel module", lambda: generate(
+        traced, plan, model, groups, device=device, local_inputs=local_inputs, seed=seed))
 
 
 def _world_size() -> int:
     if not dist.is_available() or not dist.is_initialized():
-        raise InvalidMeshError(
-            "automap.autoparallelize needs an initialised process group: launch with "
-            "torchrun --nproc-per-node N and call torch.distributed.init_process_group() first "
-            "(automap.plan works without one)")
+        raise DistributedError(
+            "automap.autoparallelize and automap.apply run inside an initialised "
+            "torch.distributed process group, one process per device, and none is: launch "
+            "with torchrun --nproc-per-node N and call torch.distributed.init_process_group() "
+            "first (automap.plan works without one)")
     return dist.get_world_size()
 
 
@@ -131,7 +170,11 @@ def _mesh_for_world(mesh) -> DeviceMesh:
 
 def _device(device) -> torch.device:
     if device is not None:
-        return torch.device(device)
+        try:
+            return torch.device(device)
+        except (RuntimeError, TypeError, ValueError):
+            raise InvalidArgumentError(f"device must be a torch device such as 'cpu' or "
+                                       f"'cuda:0', got {device!r}") from None
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

@@ -8,6 +8,18 @@ class AutomapError(Exception):
     """Base class of every error automap raises on purpose."""
 
 
+class InvalidArgumentError(AutomapError, ValueError):
+    """An argument outside what is allowed: a negative, non-finite or absurd
+    number, a wrong type, an index out of range. The message names the
+    argument, the value and what is allowed."""
+
+
+class LimitExceededError(InvalidArgumentError):
+    """An input of a valid form whose size passes one of automap's caps (devices
+    in a mesh, specs of a tensor, strategies of a node, bytes of a tensor); the
+    message names the cap."""
+
+
 class InvalidSpecError(AutomapError, ValueError):
     """A sharding spec that cannot be parsed or does not fit a tensor and mesh."""
 
@@ -59,6 +71,23 @@ class InvalidChainError(AutomapError, ValueError):
 
 class StalePlanError(AutomapError):
     """A plan that was made for another graph, model or mesh."""
+
+
+class InvalidPlanError(AutomapError, ValueError):
+    """A plan file that is not a plan automap wrote: unreadable JSON, a field
+    of the wrong type, content that does not match its fingerprint (edited by
+    hand), or specs and collectives that do not fit the graph."""
+
+
+class InputMismatchError(AutomapError, ValueError):
+    """Inputs given to a generated module that differ in structure, shape or
+    dtype from those the plan was made for."""
+
+
+class DistributedError(AutomapError, RuntimeError):
+    """A failure of the process group during planning or setup: another rank
+    failed (its error class and message are in this one's) or did not answer
+    within the setup timeout."""
 
 
 #: The name the solver issue uses for the same condition.

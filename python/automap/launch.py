@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -33,15 +34,29 @@ def _worker(rank, world_size, port, timeout_s, fn, args, result_dir):
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
     )
+    status = 1
     try:
         result = fn(rank, world_size, *args)
         torch.save(result, os.path.join(result_dir, f"{rank}.pt"))
+        status = 0
     except BaseException:
         with open(os.path.join(result_dir, f"{rank}.err"), "w") as f:
             f.write(traceback.format_exc())
-        raise
     finally:
         dist.destroy_process_group()
+    # Leave without interpreter finalisation. destroy_process_group does not
+    # join gloo's native threads (each group's two work loops, the transport
+    # loops, the store's daemon on rank 0) while Python objects still hold the
+    # groups (a module's process groups sit in reference cycles), and a work
+    # loop releases each finished work a moment after waking the waiter. A
+    # release whose tensors Python has already dropped takes the GIL; a native
+    # thread that takes the GIL while the interpreter finalises is ended inside
+    # a noexcept destructor, and C++ aborts: "terminate called without an
+    # active exception", seen once on a busy machine. The results are on disk:
+    # nothing is left to finalise.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def run_on_gloo(fn, world_size: int, *args, timeout_s: float = 300.0) -> list:
@@ -63,13 +78,18 @@ def run_on_gloo(fn, world_size: int, *args, timeout_s: float = 300.0) -> list:
         try:
             while not ctx.join(timeout=1.0):
                 if time.monotonic() > deadline:
-                    for p in ctx.processes:
-                        p.kill()
                     raise TimeoutError(f"{world_size} gloo processes did not finish in "
                                        f"{timeout_s:.0f} s")
         except ProcessException as e:
             errors = sorted(f for f in os.listdir(result_dir) if f.endswith(".err"))
             detail = open(os.path.join(result_dir, errors[0])).read() if errors else str(e)
             raise RuntimeError(f"rank process failed:\n{detail}") from None
+        finally:
+            # On any way out (an error, a timeout, a test's own timeout or ^C) no
+            # rank outlives the call: SIGKILL also ends a stopped one.
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+                    p.join(5.0)
         return [torch.load(os.path.join(result_dir, f"{r}.pt"), weights_only=False)
                 for r in range(world_size)]

@@ -12,6 +12,8 @@
 //! not hold one giant stage open. Placeholders (parameters, inputs) belong to
 //! no stage.
 
+use crate::error::{check_earlier, Result};
+
 /// What linearization needs to know about one node (graph order).
 #[derive(Debug, Clone, Default)]
 pub struct LinearNode {
@@ -24,8 +26,8 @@ pub struct LinearNode {
 }
 
 /// Definition 5.3 and Lemma 5.4: non-differentiable nodes, and nodes all of
-/// whose (at least one) parents are common.
-pub fn common_nodes(nodes: &[LinearNode]) -> Vec<bool> {
+/// whose (at least one) parents are common. Parents must come first.
+fn common_nodes(nodes: &[LinearNode]) -> Vec<bool> {
     let mut common = vec![false; nodes.len()];
     for (i, node) in nodes.iter().enumerate() {
         common[i] = node.non_differentiable
@@ -35,7 +37,12 @@ pub fn common_nodes(nodes: &[LinearNode]) -> Vec<bool> {
 }
 
 /// The stages: lists of node indices (placeholders excluded), in order.
-pub fn linearize(nodes: &[LinearNode]) -> Vec<Vec<usize>> {
+/// Every node's parents must be earlier nodes.
+pub fn linearize(nodes: &[LinearNode]) -> Result<Vec<Vec<usize>>> {
+    check_earlier(
+        "linearize: the parents",
+        nodes.iter().map(|n| n.parents.as_slice()),
+    )?;
     let common = common_nodes(nodes);
     let mut children: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
     for (i, node) in nodes.iter().enumerate() {
@@ -85,7 +92,7 @@ pub fn linearize(nodes: &[LinearNode]) -> Vec<Vec<usize>> {
             _ => stages.push(current),
         }
     }
-    stages
+    Ok(stages)
 }
 
 #[cfg(test)]
@@ -102,7 +109,10 @@ mod tests {
     #[test]
     fn a_chain_is_one_stage_per_node() {
         let nodes = vec![node(&[]), node(&[0]), node(&[1]), node(&[2])];
-        assert_eq!(linearize(&nodes), vec![vec![0], vec![1], vec![2], vec![3]]);
+        assert_eq!(
+            linearize(&nodes).unwrap(),
+            vec![vec![0], vec![1], vec![2], vec![3]]
+        );
     }
 
     #[test]
@@ -116,7 +126,10 @@ mod tests {
             node(&[3]),
             node(&[3, 4]),
         ];
-        assert_eq!(linearize(&nodes), vec![vec![0], vec![1, 2, 3], vec![4, 5]]);
+        assert_eq!(
+            linearize(&nodes).unwrap(),
+            vec![vec![0], vec![1, 2, 3], vec![4, 5]]
+        );
     }
 
     #[test]
@@ -139,7 +152,7 @@ mod tests {
         let common = common_nodes(&nodes);
         assert!(common[1] && common[5] && !common[4]);
         assert_eq!(
-            linearize(&nodes),
+            linearize(&nodes).unwrap(),
             vec![vec![1, 2], vec![3], vec![4], vec![5, 6]]
         );
     }
@@ -148,6 +161,9 @@ mod tests {
     fn inplace_children_stay_with_their_parent() {
         let mut nodes = vec![node(&[]), node(&[0]), node(&[1]), node(&[2])];
         nodes[2].inplace = true; // relu_ after batch norm
-        assert_eq!(linearize(&nodes), vec![vec![0], vec![1, 2], vec![3]]);
+        assert_eq!(
+            linearize(&nodes).unwrap(),
+            vec![vec![0], vec![1, 2], vec![3]]
+        );
     }
 }

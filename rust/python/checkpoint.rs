@@ -3,10 +3,9 @@
 //! Registered by `_core` through [`register`]. Bindings only; the solvers are
 //! `crate::checkpoint::rotor` and `crate::checkpoint::linearize`.
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use super::error_class;
+use super::{error_class, invalid_argument, IntoPyResult};
 use crate::checkpoint::linearize::{self as linear, LinearNode};
 use crate::checkpoint::rotor::{self, Chain, CheckpointBlock, RotorError, Stage};
 
@@ -241,17 +240,12 @@ fn linearize(
 ) -> PyResult<Vec<Vec<usize>>> {
     let n = parents.len();
     if placeholder.len() != n || non_differentiable.len() != n || inplace.len() != n {
-        return Err(PyValueError::new_err(
-            "linearize: the four lists must have equal lengths",
-        ));
-    }
-    if let Some((i, p)) = parents
-        .iter()
-        .enumerate()
-        .find_map(|(i, ps)| ps.iter().find(|&&p| p >= i).map(|&p| (i, p)))
-    {
-        return Err(PyValueError::new_err(format!(
-            "node {i} has parent {p}: parents must come first"
+        return Err(invalid_argument(format!(
+            "linearize: parents, placeholder, non_differentiable and inplace must have equal \
+             lengths, got {n}, {}, {} and {}",
+            placeholder.len(),
+            non_differentiable.len(),
+            inplace.len()
         )));
     }
     let nodes: Vec<LinearNode> = (0..n)
@@ -263,5 +257,5 @@ fn linearize(
             communication: false,
         })
         .collect();
-    Ok(linear::linearize(&nodes))
+    linear::linearize(&nodes).py()
 }

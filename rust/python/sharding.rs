@@ -1,11 +1,10 @@
 //! Bindings of `crate::sharding`: meshes, specs, layout paths and costs,
 //! spec enumeration, the layout cache.
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use super::IntoPyResult;
+use super::{count_arg, counts_arg, invalid_argument, IntoPyResult};
 use crate::sharding::layout::cache::{cache_stats, clear_layout_cache};
 use crate::sharding::layout::{heuristic, layout_context, LayoutProblem};
 use crate::sharding::mesh::{Collective, DeviceMesh};
@@ -37,11 +36,21 @@ impl PyMesh {
     #[new]
     #[pyo3(signature = (shape, ranks, alpha_s, bandwidth_bytes_per_s))]
     fn new(
-        shape: Vec<usize>,
-        ranks: Option<Vec<i64>>,
+        shape: &Bound<'_, PyAny>,
+        ranks: Option<&Bound<'_, PyAny>>,
         alpha_s: Vec<f64>,
         bandwidth_bytes_per_s: Vec<f64>,
     ) -> PyResult<Self> {
+        let shape = counts_arg("shape", shape)?;
+        let ranks = match ranks {
+            None => None,
+            Some(r) => Some(
+                counts_arg("ranks", r)?
+                    .into_iter()
+                    .map(|r| r as i64)
+                    .collect(),
+            ),
+        };
         Ok(PyMesh {
             inner: DeviceMesh::new(shape, ranks, alpha_s, bandwidth_bytes_per_s).py()?,
         })
@@ -63,28 +72,35 @@ impl PyMesh {
     fn bandwidth_bytes_per_s(&self) -> Vec<f64> {
         self.inner.bandwidth_bytes_per_s().to_vec()
     }
-    fn coordinate(&self, rank: i64) -> PyResult<Vec<usize>> {
-        self.inner.coordinate(rank).py()
+    fn coordinate(&self, rank: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+        self.inner.coordinate(count_arg("rank", rank)? as i64).py()
     }
-    fn rank_at(&self, coordinate: Vec<usize>) -> PyResult<i64> {
-        self.inner.rank_at(&coordinate).py()
+    fn rank_at(&self, coordinate: &Bound<'_, PyAny>) -> PyResult<i64> {
+        self.inner
+            .rank_at(&counts_arg("coordinate", coordinate)?)
+            .py()
     }
-    fn axis_groups(&self, axes: Vec<usize>) -> PyResult<Vec<Vec<i64>>> {
-        self.inner.axis_groups(&axes).py()
+    fn axis_groups(&self, axes: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<i64>>> {
+        self.inner.axis_groups(&counts_arg("axes", axes)?).py()
     }
-    fn collective_cost_s(&self, kind: &str, nbytes: f64, axes: Vec<usize>) -> PyResult<f64> {
+    fn collective_cost_s(&self, kind: &str, nbytes: f64, axes: &Bound<'_, PyAny>) -> PyResult<f64> {
         let kind = collective_arg(kind, nbytes)?;
-        self.inner.collective_cost_s(kind, nbytes, &axes).py()
+        self.inner
+            .collective_cost_s(kind, nbytes, &counts_arg("axes", axes)?)
+            .py()
     }
     /// The algorithm `collective_cost_s` prices: flat or per-axis steps.
     fn collective_plan(
         &self,
         kind: &str,
         nbytes: f64,
-        axes: Vec<usize>,
+        axes: &Bound<'_, PyAny>,
     ) -> PyResult<PyCollectivePlan> {
         let kind = collective_arg(kind, nbytes)?;
-        let plan = self.inner.collective_plan(kind, nbytes, &axes).py()?;
+        let plan = self
+            .inner
+            .collective_plan(kind, nbytes, &counts_arg("axes", axes)?)
+            .py()?;
         Ok(PyCollectivePlan {
             kind: plan.kind.name(),
             nbytes: plan.bytes,
@@ -106,13 +122,13 @@ impl PyMesh {
 
 fn collective_arg(kind: &str, nbytes: f64) -> PyResult<Collective> {
     let Some(kind) = Collective::from_name(kind) else {
-        return Err(PyValueError::new_err(format!(
+        return Err(invalid_argument(format!(
             "unknown collective {kind:?}; expected all_gather, reduce_scatter, all_reduce, \
              all_to_all or broadcast"
         )));
     };
     if !(nbytes.is_finite() && nbytes >= 0.0) {
-        return Err(PyValueError::new_err(format!(
+        return Err(invalid_argument(format!(
             "nbytes must be finite and >= 0, got {nbytes}"
         )));
     }
@@ -185,8 +201,24 @@ pub(crate) fn native_mesh(obj: &Bound<'_, PyAny>) -> PyResult<DeviceMesh> {
     }
     match obj.getattr("_native") {
         Ok(native) => Ok(native.cast::<PyMesh>()?.get().inner.clone()),
-        Err(_) => Err(PyValueError::new_err("expected an automap.DeviceMesh")),
+        Err(_) => Err(invalid_argument(format!(
+            "mesh must be an automap.DeviceMesh, got {}",
+            obj.get_type().name()?
+        ))),
     }
+}
+
+/// Bytes per element; `LayoutProblem::new` checks the range.
+fn dtype_bytes_arg(dtype_bytes: i64) -> PyResult<usize> {
+    usize::try_from(dtype_bytes).map_err(|_| {
+        invalid_argument(format!(
+            "dtype_bytes must be 1 to 16 (bytes per element), got {dtype_bytes}"
+        ))
+    })
+}
+
+fn to_spec_error(msg: String) -> PyErr {
+    super::to_py(crate::error::AutomapError::InvalidSpec(msg))
 }
 
 /// A spec argument: a `ShardingSpec` or its string form.
@@ -194,7 +226,12 @@ fn native_spec(obj: &Bound<'_, PyAny>) -> PyResult<ShardingSpec> {
     if let Ok(s) = obj.cast::<PySpec>() {
         return Ok(s.get().inner);
     }
-    let text: String = obj.extract()?;
+    let Ok(text) = obj.extract::<String>() else {
+        return Err(to_spec_error(format!(
+            "a sharding spec must be an automap.ShardingSpec or a string such as \"S0R\", got {}",
+            obj.get_type().name()?
+        )));
+    };
     ShardingSpec::parse(&text).py()
 }
 
@@ -215,15 +252,28 @@ impl PySpec {
     }
     /// From the mesh axes of each dim, e.g. [[0, 1], []] for "S01R".
     #[staticmethod]
-    fn from_dims(dims: Vec<Vec<usize>>) -> PyResult<Self> {
+    fn from_dims(dims: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let not_a_list = || {
+            invalid_argument(
+                "dims must be a sequence of sequences of mesh axes, e.g. [[0, 1], []] for S01R",
+            )
+        };
+        if dims.is_instance_of::<pyo3::types::PyString>() {
+            return Err(not_a_list());
+        }
+        let dims = dims
+            .try_iter()
+            .map_err(|_| not_a_list())?
+            .map(|d| counts_arg("each entry of dims", &d?))
+            .collect::<PyResult<Vec<_>>>()?;
         Ok(PySpec {
             inner: ShardingSpec::from_dims(&dims).py()?,
         })
     }
     #[staticmethod]
-    fn replicated(rank: usize) -> PyResult<Self> {
+    fn replicated(rank: &Bound<'_, PyAny>) -> PyResult<Self> {
         Ok(PySpec {
-            inner: ShardingSpec::replicated(rank).py()?,
+            inner: ShardingSpec::replicated(count_arg("rank", rank)?).py()?,
         })
     }
     #[getter]
@@ -248,25 +298,35 @@ impl PySpec {
     fn is_replicated(&self) -> bool {
         self.inner.is_replicated()
     }
-    fn validate(&self, shape: Vec<usize>, mesh: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn validate(&self, shape: &Bound<'_, PyAny>, mesh: &Bound<'_, PyAny>) -> PyResult<()> {
+        let shape = counts_arg("shape", shape)?;
         self.inner.validate(&shape, &native_mesh(mesh)?).py()
     }
-    fn local_shape(&self, shape: Vec<usize>, mesh: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+    fn local_shape(
+        &self,
+        shape: &Bound<'_, PyAny>,
+        mesh: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<usize>> {
+        let shape = counts_arg("shape", shape)?;
         self.inner.local_shape(&shape, &native_mesh(mesh)?).py()
     }
     /// The [start, stop) range of every dim held by the device at `rank`.
     fn local_slices(
         &self,
-        shape: Vec<usize>,
+        shape: &Bound<'_, PyAny>,
         mesh: &Bound<'_, PyAny>,
-        rank: i64,
+        rank: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<(usize, usize)>> {
+        let shape = counts_arg("shape", shape)?;
+        let rank = count_arg("rank", rank)? as i64;
         self.inner
             .local_slices(&shape, &native_mesh(mesh)?, rank)
             .py()
     }
     fn shard_count(&self, mesh: &Bound<'_, PyAny>) -> PyResult<usize> {
-        Ok(self.inner.shard_count(native_mesh(mesh)?.shape()))
+        self.inner
+            .checked_shard_count(native_mesh(mesh)?.shape())
+            .py()
     }
     fn __str__(&self) -> String {
         self.inner.to_string()
@@ -415,25 +475,26 @@ fn layout_path(
     mesh: &Bound<'_, PyAny>,
     src: &Bound<'_, PyAny>,
     dst: &Bound<'_, PyAny>,
-    shape: Vec<usize>,
-    dtype_bytes: usize,
+    shape: &Bound<'_, PyAny>,
+    dtype_bytes: i64,
     method: &str,
 ) -> PyResult<PyPath> {
     let (mesh, src, dst) = (native_mesh(mesh)?, native_spec(src)?, native_spec(dst)?);
-    let ctx = layout_context(&mesh, &shape, dtype_bytes);
+    let shape = counts_arg("shape", shape)?;
+    let ctx = layout_context(&mesh, &shape, dtype_bytes_arg(dtype_bytes)?).py()?;
     match method {
         "optimal" => {
-            let path = ctx.path(&src, &dst).py()?;
+            let path = py.detach(|| ctx.path(&src, &dst)).py()?;
             path_to_py(py, &path, ctx.problem())
         }
         "heuristic" => {
             ctx.problem().validate(&src).py()?;
             ctx.problem().validate(&dst).py()?;
-            let path = heuristic::heuristic_path(ctx.problem(), src, dst);
+            let path = heuristic::heuristic_path(ctx.problem(), src, dst).py()?;
             path_to_py(py, &path, ctx.problem())
         }
-        other => Err(PyValueError::new_err(format!(
-            "unknown method {other:?}; expected \"optimal\" or \"heuristic\""
+        other => Err(invalid_argument(format!(
+            "method must be \"optimal\" or \"heuristic\", got {other:?}"
         ))),
     }
 }
@@ -447,13 +508,14 @@ fn resharding_costs<'py>(
     mesh: &Bound<'py, PyAny>,
     srcs: Vec<Bound<'py, PyAny>>,
     dsts: Vec<Bound<'py, PyAny>>,
-    shape: Vec<usize>,
-    dtype_bytes: usize,
+    shape: &Bound<'py, PyAny>,
+    dtype_bytes: i64,
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
     let mesh = native_mesh(mesh)?;
     let srcs = srcs.iter().map(native_spec).collect::<PyResult<Vec<_>>>()?;
     let dsts = dsts.iter().map(native_spec).collect::<PyResult<Vec<_>>>()?;
-    let ctx = layout_context(&mesh, &shape, dtype_bytes);
+    let shape = counts_arg("shape", shape)?;
+    let ctx = layout_context(&mesh, &shape, dtype_bytes_arg(dtype_bytes)?).py()?;
     let m = py.detach(|| ctx.cost_matrix(&srcs, &dsts)).py()?;
     let as_bytes = |v: &[f64]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
     Ok((
@@ -464,14 +526,17 @@ fn resharding_costs<'py>(
 
 /// Every valid spec of `shape` on `mesh`.
 #[pyfunction]
-fn enumerate_specs(shape: Vec<usize>, mesh: &Bound<'_, PyAny>) -> PyResult<Vec<PySpec>> {
+fn enumerate_specs(
+    py: Python<'_>,
+    shape: &Bound<'_, PyAny>,
+    mesh: &Bound<'_, PyAny>,
+) -> PyResult<Vec<PySpec>> {
+    let shape = counts_arg("shape", shape)?;
     let mesh = native_mesh(mesh)?;
-    Ok(
-        crate::sharding::enumerate::enumerate_specs(&shape, mesh.shape())
-            .into_iter()
-            .map(|inner| PySpec { inner })
-            .collect(),
-    )
+    let specs = py
+        .detach(|| crate::sharding::enumerate::enumerate_specs(&shape, mesh.shape()))
+        .py()?;
+    Ok(specs.into_iter().map(|inner| PySpec { inner }).collect())
 }
 
 /// (cache hits, searches) of the process-wide layout cache.

@@ -1,11 +1,11 @@
 //! Bindings of `crate::solve`: strategies from op signatures, views, and
 //! repeated-block detection.
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::sharding::native_mesh;
+use super::{invalid_argument, IntoPyResult};
 use crate::solve::blocks::{self, BlockNode};
 use crate::solve::strategy::einsum::{self, CostModel, EinsumSignature};
 use crate::solve::strategy::reshape;
@@ -62,7 +62,7 @@ fn einsum_strategies<'py>(
         input_additive,
         flops,
     };
-    let strategies = einsum::einsum_strategies(&sig, &cost).map_err(PyValueError::new_err)?;
+    let strategies = py.detach(|| einsum::einsum_strategies(&sig, &cost)).py()?;
     let ins = strategies
         .iter()
         .map(|s| s.inputs.iter().map(|x| x.to_string()).collect())
@@ -100,8 +100,7 @@ fn reshape_strategies(
     mesh: &Bound<'_, PyAny>,
 ) -> PyResult<Vec<(String, String)>> {
     let mesh = native_mesh(mesh)?;
-    let pairs = reshape::reshape_strategies(&input_shape, &output_shape, mesh.shape())
-        .map_err(PyValueError::new_err)?;
+    let pairs = reshape::reshape_strategies(&input_shape, &output_shape, mesh.shape()).py()?;
     Ok(pairs
         .into_iter()
         .map(|(a, b)| (a.to_string(), b.to_string()))
@@ -119,9 +118,13 @@ fn detect_blocks(
 ) -> PyResult<Vec<(String, Vec<Vec<usize>>)>> {
     let n = keys.len();
     if shape_keys.len() != n || module_paths.len() != n || inputs.len() != n {
-        return Err(PyValueError::new_err(
-            "detect_blocks: the four lists must have equal lengths",
-        ));
+        return Err(invalid_argument(format!(
+            "detect_blocks: keys, shape_keys, module_paths and inputs must have equal lengths, \
+             got {n}, {}, {} and {}",
+            shape_keys.len(),
+            module_paths.len(),
+            inputs.len()
+        )));
     }
     let nodes: Vec<BlockNode> = keys
         .into_iter()
@@ -136,6 +139,7 @@ fn detect_blocks(
         })
         .collect();
     Ok(blocks::detect_blocks(&nodes)
+        .py()?
         .into_iter()
         .map(|c| (c.container, c.instances))
         .collect())

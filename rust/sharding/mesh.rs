@@ -3,11 +3,16 @@
 //! one group of devices (`collective` chooses the algorithm over several axes).
 
 use super::collective::{collective_cost_s, collective_plan, CollectivePlan, Links};
-use crate::error::{invalid_mesh, Result};
+use crate::error::{checked_product, invalid_mesh, limit_exceeded, Result};
 
 /// Most mesh axes a spec can name (axes are single digits in the spec string,
 /// and a spec packs one byte per axis).
 pub const MAX_MESH_AXES: usize = 8;
+
+/// Most devices a mesh may hold (2^20, ten times the largest clusters built
+/// so far): the mesh stores one rank per device, so a typo such as
+/// `(10**6, 10**6)` must fail here instead of allocating terabytes.
+pub const MAX_MESH_DEVICES: usize = 1 << 20;
 
 /// The collectives the cost model knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -70,7 +75,16 @@ impl DeviceMesh {
         if let Some(axis) = shape.iter().position(|&n| n == 0) {
             return invalid_mesh(format!("mesh axis {axis} has size 0 in shape {shape:?}"));
         }
-        let size: usize = shape.iter().product();
+        let size = match checked_product(shape.iter().copied()) {
+            Some(n) if n <= MAX_MESH_DEVICES => n,
+            _ => {
+                return limit_exceeded(format!(
+                    "mesh shape {shape:?} holds {} devices; a mesh holds at most \
+                     {MAX_MESH_DEVICES} (2^20)",
+                    shape.iter().map(|&n| n as f64).product::<f64>()
+                ))
+            }
+        };
         let ranks = match ranks {
             None => (0..size as i64).collect(),
             Some(r) => r,
@@ -394,5 +408,12 @@ mod tests {
         assert!(DeviceMesh::new(vec![2], Some(vec![0, 1, 2]), vec![0.0], vec![1.0]).is_err());
         assert!(DeviceMesh::new(vec![2], None, vec![0.0], vec![0.0]).is_err());
         assert!(DeviceMesh::new(vec![2], None, vec![-1.0], vec![1.0]).is_err());
+        // Too many devices: refused before the rank list is allocated, also
+        // where the product overflows a usize (2^32 * 2^32).
+        for shape in [vec![1_000_000, 1_000_000], vec![1 << 32, 1 << 32]] {
+            let e = DeviceMesh::uniform(shape, 0.0, 1.0).unwrap_err();
+            assert!(matches!(e, crate::AutomapError::LimitExceeded(_)), "{e}");
+            assert!(e.to_string().contains("at most 1048576"), "{e}");
+        }
     }
 }

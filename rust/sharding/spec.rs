@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use crate::error::{invalid_spec, Result};
+use crate::error::{checked_product, invalid_spec, Result};
 use crate::sharding::mesh::{DeviceMesh, MAX_MESH_AXES};
 
 /// Highest tensor rank a spec can describe (a slot packs the dim in 5 bits).
@@ -196,12 +196,9 @@ impl ShardingSpec {
         }
         for (d, &size) in shape.iter().enumerate() {
             let axes = self.dim_axes(d);
-            let parts: usize = axes
-                .as_slice()
-                .iter()
-                .map(|&a| mesh_shape[a as usize])
-                .product();
-            if size % parts != 0 {
+            let parts = checked_product(axes.as_slice().iter().map(|&a| mesh_shape[a as usize]));
+            if !parts.is_some_and(|p| p > 0 && size.is_multiple_of(p)) {
+                let parts = parts.map_or("too many".to_string(), |p| p.to_string());
                 return invalid_spec(format!(
                     "spec {self}: dim {d} of size {size} cannot be split into {parts} parts over \
                      mesh axes {:?} of sizes {:?}",
@@ -216,7 +213,20 @@ impl ShardingSpec {
         Ok(())
     }
 
-    /// Number of parts the tensor is split into (devices holding distinct data).
+    /// `shard_count` after checking that the mesh has every axis the spec names.
+    pub fn checked_shard_count(&self, mesh_shape: &[usize]) -> Result<usize> {
+        if self.axes_needed() > mesh_shape.len() {
+            return invalid_spec(format!(
+                "spec {self} names mesh axis {} but the mesh {mesh_shape:?} has {} axes",
+                self.axes_needed() - 1,
+                mesh_shape.len()
+            ));
+        }
+        Ok(self.shard_count(mesh_shape))
+    }
+
+    /// Number of parts the tensor is split into (devices holding distinct
+    /// data); the mesh must have every axis the spec names.
     #[inline]
     pub fn shard_count(&self, mesh_shape: &[usize]) -> usize {
         let mut n = 1;

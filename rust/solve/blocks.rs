@@ -9,6 +9,8 @@
 
 use rustc_hash::FxHashMap;
 use std::collections::hash_map::DefaultHasher;
+
+use crate::error::{check_earlier, Result};
 use std::hash::{Hash, Hasher};
 
 /// What block detection needs to know about one graph node.
@@ -44,8 +46,13 @@ fn instance_of(path: &str) -> Option<(String, u64)> {
     Some((parts[..i].join("."), parts[i].parse().ok()?))
 }
 
-/// Classes of structurally identical block instances with at least two instances.
-pub fn detect_blocks(nodes: &[BlockNode]) -> Vec<BlockClass> {
+/// Classes of structurally identical block instances with at least two
+/// instances. Every node must read only earlier nodes.
+pub fn detect_blocks(nodes: &[BlockNode]) -> Result<Vec<BlockClass>> {
+    check_earlier(
+        "detect_blocks: the inputs",
+        nodes.iter().map(|n| n.inputs.as_slice()),
+    )?;
     // (container, index) -> node indices in graph order.
     let mut order: Vec<(String, u64)> = Vec::new();
     let mut members: FxHashMap<(String, u64), Vec<usize>> = FxHashMap::default();
@@ -80,7 +87,7 @@ pub fn detect_blocks(nodes: &[BlockNode]) -> Vec<BlockClass> {
         }
     }
     classes.retain(|c| c.instances.len() > 1);
-    classes
+    Ok(classes)
 }
 
 fn instance_signature(nodes: &[BlockNode], list: &[usize]) -> u64 {
@@ -133,7 +140,7 @@ mod tests {
 
     #[test]
     fn identical_layers_form_one_class() {
-        let classes = detect_blocks(&stack(5, None));
+        let classes = detect_blocks(&stack(5, None)).unwrap();
         assert_eq!(classes.len(), 1);
         assert_eq!(classes[0].container, "h");
         assert_eq!(classes[0].instances.len(), 5);
@@ -143,7 +150,7 @@ mod tests {
 
     #[test]
     fn a_different_layer_is_its_own_class() {
-        let classes = detect_blocks(&stack(5, Some(2)));
+        let classes = detect_blocks(&stack(5, Some(2))).unwrap();
         assert_eq!(classes.len(), 1); // the gelu layer stands alone (one instance)
         assert_eq!(classes[0].instances.len(), 4);
         assert!(instance_of("encoder.block.3.layer.0").unwrap() == ("encoder.block".into(), 3));

@@ -159,3 +159,23 @@ def fail_on_rank_one(rank: int, world: int) -> int:
     if rank == 1:
         raise ValueError("rank one fails on purpose")
     return rank
+
+
+def leave_a_collective_in_flight(rank: int, world: int) -> int:
+    """Return while an asynchronous all-reduce may still run, its tensor and
+    work dropped: the launcher's exit must not depend on when gloo's threads
+    release them."""
+    import torch.distributed as dist
+
+    work = dist.all_reduce(torch.ones(2_000_000), async_op=True)
+    del work
+    return rank
+
+
+def stop_rank_one(rank: int, world: int) -> int:
+    import os
+    import signal
+
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return rank

@@ -17,6 +17,7 @@ from serial import build
 pytestmark = pytest.mark.multiprocess
 
 
+@pytest.mark.timeout(400)
 def test_api_on_two_ranks():
     results = run_on_gloo(api_checks, 2, timeout_s=300)
     for r in results:
@@ -44,6 +45,7 @@ def test_api_on_two_ranks():
     assert results[0]["meta_losses"] == results[1]["meta_losses"]
 
 
+@pytest.mark.timeout(400)
 def test_apply_a_saved_plan_without_inputs(tmp_path):
     """automap.plan in this process (no process group), the plan saved as JSON; on
     2 ranks automap.apply(Plan.from_json(path), model) traces stand-ins of the

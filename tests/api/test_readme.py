@@ -74,3 +74,15 @@ def test_cli_commands_of_the_readme_exist():
         with pytest.raises(SystemExit) as done:
             main([command, "--help"])
         assert done.value.code == 0, command
+
+
+def test_readme_commands_write_outside_the_repository():
+    """Files the README's commands and snippets write go to a temporary folder."""
+    targets = []
+    for block in _blocks("bash"):
+        targets += re.findall(r"(?:-o|--output|--json)\s+(\S+)", block)
+    for block in _python_blocks():
+        targets += re.findall(r"to_json\(\s*([^)]+)\)", block)
+    assert targets
+    for target in targets:
+        assert target.startswith(("$out/", '"/tmp/')), target

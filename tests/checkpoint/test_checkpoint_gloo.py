@@ -15,11 +15,14 @@ import pytest
 from automap.launch import run_on_gloo
 from checkpoint_workers import checkpoint_case
 
+pytestmark = pytest.mark.multiprocess
+
 SLACK = 1.05
 
 
 @pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("name", ["gpt2", "resnet"])
+@pytest.mark.timeout(400)
 def test_measured_activation_peak_within_budget(name, world):
     results = run_on_gloo(checkpoint_case, world, name, 0.5, timeout_s=300)
     for rank, r in enumerate(results):
@@ -37,6 +40,7 @@ def test_measured_activation_peak_within_budget(name, world):
             assert r["sharded_nodes"] > 0  # a parallel plan, not a replicated one
 
 
+@pytest.mark.timeout(400)
 def test_nested_blocks_run_nested_and_train_exactly():
     from checkpoint_workers import nested_case
 

@@ -59,6 +59,7 @@ def check_plausible(cluster: Cluster, n: int) -> None:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.timeout(250)
 def test_detect_on_4_local_ranks_through_the_cli(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     detect_cli.register(parser.add_subparsers())
@@ -74,6 +75,7 @@ def test_detect_on_4_local_ranks_through_the_cli(tmp_path, capsys):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.timeout(250)
 def test_detect_on_8_local_ranks():
     results = run_on_gloo(_detect_on_rank, 8, timeout_s=120)
     clusters = [r["cluster"] for r in results]

@@ -109,6 +109,7 @@ def _report(mesh_shape, results) -> list[str]:
 
 
 @pytest.mark.parametrize("mesh_shape", sorted(CASES))
+@pytest.mark.timeout(700)
 def test_parallel_training_equals_serial(mesh_shape):
     mesh = DeviceMesh(mesh_shape)
     cases = [{"model": m, "mesh": mesh.to_dict(), "plan": p} for m, p in CASES[mesh_shape]]
@@ -117,6 +118,7 @@ def test_parallel_training_equals_serial(mesh_shape):
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.timeout(700)
 def test_parallel_training_equals_serial_with_per_axis_collectives():
     """Links under which every collective over both axes of a (2,2) mesh above a
     few bytes runs per axis (reduce-scatter along the fast axis 1, all-reduce
@@ -136,6 +138,7 @@ def test_parallel_training_equals_serial_with_per_axis_collectives():
     assert "dp_tokens" in both and len(both) >= 2, both
 
 
+@pytest.mark.timeout(700)
 def test_ill_conditioned_adamw_in_float64():
     """AdamW with eps 1e-6, where fp32 training of the ResNet is ill-conditioned
     (its serial fp32 run ends 1.6e-3 from fp64, see FP32_NOISE), in float64: the

@@ -13,6 +13,7 @@ from sharding_workers import check_collectives
 pytestmark = pytest.mark.multiprocess
 
 
+@pytest.mark.timeout(200)
 @pytest.mark.parametrize("links", [
     {},  # equal links: pairs of axes run one flat call
     # No latency and a faster axis 1: pairs of axes run per axis.

@@ -34,6 +34,7 @@ def _expected_pairs(cases) -> int:
 
 
 @pytest.mark.parametrize("world", sorted(CASES_BY_WORLD))
+@pytest.mark.timeout(700)
 def test_every_spec_pair_converts_exactly(world):
     cases = CASES_BY_WORLD[world]
     assert all(m.size == world for m, _ in cases)

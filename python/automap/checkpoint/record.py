@@ -55,15 +55,20 @@ class CheckpointPlan:
     def describe(self, max_timeline_rows: int = 24) -> list[str]:
         """Lines for ``Plan.explain``: the blocks, then the memory timeline."""
         mib = 2**20
+        blocks = self.block_count()
+        memory = (f"activations peak {self.predicted_activation_peak_bytes / mib:.1f} MiB of "
+                  f"{self.activation_budget_bytes / mib:.1f} MiB (besides "
+                  f"{self.persistent_bytes / mib:.1f} MiB of parameters, gradients, optimizer "
+                  f"state and inputs)"
+                  + ("" if self.ilp_budget_bytes is None else
+                     f"; sharding planned for {self.ilp_budget_bytes / mib:.1f} MiB"))
+        if blocks == 0:
+            return [f"activation checkpointing: none needed, every activation is kept; "
+                    f"{memory}"]
         lines = [
-            f"activation checkpointing: {len(self.stages)} stages, {self.block_count()} "
-            f"checkpoint blocks, recomputation {self.recompute_s * 1e3:.3f} ms; activations "
-            f"peak {self.predicted_activation_peak_bytes / mib:.1f} MiB of "
-            f"{self.activation_budget_bytes / mib:.1f} MiB (besides "
-            f"{self.persistent_bytes / mib:.1f} MiB of parameters, gradients, optimizer state "
-            f"and inputs)"
-            + ("" if self.ilp_budget_bytes is None else
-               f"; sharding planned for {self.ilp_budget_bytes / mib:.1f} MiB")]
+            f"activation checkpointing: {len(self.stages)} stages, {blocks} checkpoint "
+            f"block{'' if blocks == 1 else 's'}, recomputation {self.recompute_s * 1e3:.3f} ms; "
+            f"{memory}"]
 
         def show(blocks, depth):
             for b in blocks:

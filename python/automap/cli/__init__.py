@@ -1,6 +1,9 @@
-"""The `automap` command line: ``demo`` (plan and train a tiny GPT-2 on 4 gloo
-ranks), ``plan``/``explain``, ``estimate`` and ``detect``, one module each.
-Receives arguments; calls the public API and prints or writes its results."""
+"""The automap command line: demo (plan and train a tiny GPT-2 on 4 gloo ranks),
+plan and explain, estimate and detect, one module each. Receives arguments,
+calls the public API and prints or writes its results; an AutomapError or a
+file error ends the command with its message and exit status 1, not a
+traceback. Nothing here imports torch before a subcommand runs, so --help and
+--version answer at once."""
 
 
 from __future__ import annotations
@@ -8,22 +11,39 @@ from __future__ import annotations
 import argparse
 import sys
 
+from automap.cli.arguments import report
+from automap.errors import AutomapError
+from automap.version import __version__
+
+DESCRIPTION = """\
+automatic intra-op parallelism and activation checkpointing for PyTorch
+training: plan a model's sharding on a device mesh within a memory budget,
+explain a saved plan, estimate a step's memory, measure a cluster, or run the
+demo."""
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="automap", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="automap", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"automap {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = sub.add_parser("demo", help="plan and train a tiny GPT-2 on 4 local gloo ranks "
-                          "(a 2x2 mesh), next to the serial model")
+                          "(a 2x2 mesh), next to the serial model",
+                          description="Plan a tiny GPT-2 on a 2x2 mesh of 4 gloo processes "
+                          "on this machine, train it 20 steps with the generated parallel "
+                          "module and print each loss next to the serial model's.")
     demo.set_defaults(run=lambda args: _demo())
     from automap.cli import detect as detect_cli
     from automap.cli import estimate as estimate_cli
     from automap.cli import plan as plan_cli
 
-    estimate_cli.register(sub)
     plan_cli.register(sub)
+    estimate_cli.register(sub)
     detect_cli.register(sub)
     args = parser.parse_args(argv)
-    return int(args.run(args) or 0)
+    try:
+        return int(args.run(args) or 0)
+    except (AutomapError, OSError) as exc:
+        return report(args.command, exc)
 
 
 def _demo() -> int:

@@ -74,7 +74,7 @@ def _rank_main(rank: int, world: int, steps: int) -> dict:
     torch.manual_seed(0)
     model = TinyGPT2()
     serial = copy.deepcopy(model) if rank == 0 else None
-    mesh = DeviceMesh((2, 2), axis_names=("dp", "tp"))
+    mesh = DeviceMesh((2, 2), axis_names=("rows", "cols"))
     start = time.perf_counter()
     module = autoparallelize(model, _batch(0), mesh, flops_per_s=DEMO_FLOPS_PER_S)
     setup_s = time.perf_counter() - start
@@ -110,14 +110,19 @@ def _rank_main(rank: int, world: int, steps: int) -> dict:
 
 def run_training_demo(world_size: int = 4, steps: int = 20) -> int:
     print(f"automap demo: a tiny GPT-2 ({LAYERS} layers, hidden {HIDDEN}, vocab {VOCAB}) on "
-          f"{world_size} gloo ranks of this machine, mesh (2, 2) = data x tensor")
+          f"{world_size} gloo ranks of this machine, a (2, 2) mesh; the planner chooses what "
+          f"each mesh axis splits")
     print("planning (rank 0), generating the parallel module (every rank), training...\n")
     results = run_on_gloo(_rank_main, world_size, steps, timeout_s=600)
     head = results[0]
     print(head["summary"])
     used = ", ".join(f"{n} x{c}" for n, c in head["collectives"].items()) or "none"
-    print(f"generated module calls: {used}; data-parallel gradients in {head['buckets']} "
-          f"bucket(s)")
+    buckets = head["buckets"]
+    synced = (f"data-parallel gradients all-reduced in {buckets} "
+              f"bucket{'' if buckets == 1 else 's'} after the backward" if buckets else
+              "no gradient is left to a data-parallel all-reduce after the backward (the plan "
+              "reduces every gradient inside the graph)")
+    print(f"generated module calls: {used}; {synced}")
     print(f"parameters per rank: {head['parameter_bytes']} bytes (serial model: "
           f"{head['serial_bytes']} bytes); set up in {head['setup_s']:.1f} s\n")
     print(f"{'step':>4}  {'parallel loss':>14}  {'serial loss':>12}  {'rel. diff':>9}")

@@ -1,14 +1,15 @@
-"""`automap detect`: measure the cluster and write its JSON.
+"""automap detect: measure the cluster and write its JSON.
 
 Under torchrun every rank runs the command (NCCL on GPUs, gloo otherwise)
-and rank 0 writes the file; ``--local N`` instead spawns N gloo ranks on this
-machine. The file is ``automap.Cluster``'s JSON (see ``automap.cluster.cluster``)."""
+and rank 0 writes the file; --local N instead spawns N gloo ranks on this
+machine. The file is automap.Cluster's JSON (see automap.cluster.cluster)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+
+from automap.cli.arguments import count, parse_bytes, positive_float, positive_int, writable_file
 
 
 def register(subparsers) -> None:
@@ -17,38 +18,35 @@ def register(subparsers) -> None:
         help="measure the latency and bandwidth between ranks and write the cluster JSON",
         description=__doc__,
     )
-    p.add_argument("-o", "--output", required=True, help="where to write the cluster JSON")
-    p.add_argument("--local", type=int, metavar="N",
+    p.add_argument("-o", "--output", required=True, type=writable_file,
+                   help="where to write the cluster JSON")
+    p.add_argument("--local", type=positive_int, metavar="N",
                    help="spawn N gloo ranks on this machine instead of running under torchrun")
     p.add_argument("--sizes", type=_sizes, metavar="BYTES,...",
                    help="message sizes, e.g. 8,4K,1M,4M (default: by backend)")
-    p.add_argument("--iters", type=int, default=5, help="timed repetitions per size")
-    p.add_argument("--measure-groups", type=int, default=3, metavar="K",
+    p.add_argument("--iters", type=positive_int, default=5, help="timed repetitions per size")
+    p.add_argument("--repeats", type=positive_int, default=3,
+                   help="runs of the pair measurements; each pair takes the median, and tiers "
+                        "split only where bandwidths differ beyond the runs' spread")
+    p.add_argument("--measure-groups", type=count, default=3, metavar="K",
                    help="measure the axes of the best K candidate meshes by group all-reduce")
     p.add_argument("--no-flops", action="store_true", help="skip the matmul rate measurement")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+    p.add_argument("--timeout", type=positive_float, default=600.0, metavar="SECONDS",
                    help="give up after this long (default 600)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(run=_run)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    sizes = []
-    for item in text.split(","):
-        item = item.strip().upper()
-        scale = units.get(item[-1:], 1)
-        try:
-            sizes.append(int(float(item[:-1] if scale > 1 else item) * scale))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a size in bytes: {item!r}") from None
-    return tuple(sizes)
+    """Comma-separated byte sizes, e.g. 8,4K,1M (K, M, G are binary)."""
+    return tuple(parse_bytes(item) for item in text.split(","))
 
 
 def _options(args) -> dict:
     return {
         "sizes_bytes": args.sizes,
         "iters": args.iters,
+        "repeats": args.repeats,
         "measure_groups": args.measure_groups,
         "measure_flops": not args.no_flops,
         "quiet": args.quiet,
@@ -68,9 +66,6 @@ def _run(args) -> int:
     if args.local is not None:
         from automap.launch import run_on_gloo
 
-        if args.local < 1:
-            print("automap detect: --local needs N >= 1", file=sys.stderr)
-            return 2
         data = run_on_gloo(_local_rank_main, args.local, _options(args), timeout_s=args.timeout)[0]
         cluster = Cluster.from_dict(data)
     elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:

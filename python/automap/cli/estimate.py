@@ -1,77 +1,76 @@
-"""``automap estimate``: the memory of one training step on a single device, estimated
-symbolically (nothing real is allocated).
-
-Usage::
-
-    automap estimate model.py:build --batch 8 [--optimizer adamw] [--device cuda]
-                     [--attn-implementation sdpa] [--table] [--json OUT.json]
-
-``model.py:build`` names a Python file and a factory function in it. The factory
-contract: ``build(batch_size)`` (or ``build()`` when ``--batch`` is not given) returns
-``(model, example_inputs)`` or ``(model, example_inputs, loss_fn)``, where
-``example_inputs`` is a tensor, a tuple of positional arguments or a dict of keyword
-arguments, and ``loss_fn`` maps the model's output to the scalar loss (default: the
-model's own loss, e.g. a Hugging Face model given ``labels``). Build the model under
-``torch.device("meta")`` and make the inputs meta tensors to need no memory at all.
-"""
+"""automap estimate: the memory of one training step on a single device,
+estimated symbolically (nothing real is allocated)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import sys
-from pathlib import Path
 from typing import Any
 
+from automap.cli.arguments import positive_int, report, writable_file
+from automap.cli.factory import load_factory
 from automap.errors import AutomapError
-from automap.trace.profiling import OPTIMIZERS, profile
+from automap.trace.optimizer_names import OPTIMIZER_NAMES
+
+__all__ = ["load_factory", "register", "run"]
+
+DESCRIPTION = """\
+Estimate the per-device memory of one training step, symbolically.
+
+TARGET names a Python file and a factory function in it, e.g. model.py:build.
+The factory, called as build(batch_size) (or build() without --batch),
+returns (model, example_inputs) or (model, example_inputs, loss_fn):
+example_inputs is a tensor, a tuple of positional arguments or a dict of
+keyword arguments; loss_fn maps the model's output to the scalar loss
+(default: the model's own loss, e.g. a Hugging Face model given labels).
+Build the model under torch.device("meta") and make the inputs meta tensors
+to need no memory at all.
+
+example: automap estimate model.py:build --batch 8 --optimizer adamw --table
+"""
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``estimate`` subcommand to an argparse subparsers object."""
+    """Add the estimate subcommand to an argparse subparsers object."""
     parser = subparsers.add_parser(
         "estimate",
         help="estimate the per-device memory of a training step, without allocating",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("target", help="<python-file>:<factory>")
-    parser.add_argument("--batch", type=int, default=None, help="batch size for the factory")
+    parser.add_argument("--batch", type=positive_int, default=None,
+                        help="batch size for the factory")
     parser.add_argument(
-        "--optimizer", default="adamw", choices=[*OPTIMIZERS, "none"], help="default: adamw"
+        "--optimizer", default="adamw", choices=[*OPTIMIZER_NAMES, "none"], help="default: adamw"
     )
     parser.add_argument(
-        "--device", default=None, help="device type to estimate for (default: cuda if present)"
+        "--device", type=_device, default=None,
+        help="device type to estimate for: cpu or cuda (default: cuda if present)"
     )
     parser.add_argument(
-        "--attn-implementation", default=None, help="Hugging Face models: 'sdpa' or 'eager'"
+        "--attn-implementation", default=None, choices=["sdpa", "eager"],
+        help="Hugging Face models: sdpa or eager"
     )
     parser.add_argument("--table", action="store_true", help="also print the per-node table")
-    parser.add_argument("--json", metavar="PATH", help="write the full profile as JSON")
+    parser.add_argument("--json", metavar="PATH", type=writable_file,
+                        help="write the full profile as JSON")
     parser.set_defaults(run=run)
     return parser
 
 
-def load_factory(target: str) -> Any:
-    """The factory function named by ``<python-file>:<factory>``."""
-    path, sep, name = target.rpartition(":")
-    if not sep or not path or not name:
-        raise AutomapError(f"expected <python-file>:<factory>, got {target!r}")
-    file = Path(path)
-    if not file.is_file():
-        raise AutomapError(f"no such file: {file}")
-    spec = importlib.util.spec_from_file_location(f"_automap_estimate_{file.stem}", file)
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(file.parent.resolve()))  # let the file import its neighbours
+def _device(text: str) -> str:
+    import torch
+
     try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
-    factory = getattr(module, name, None)
-    if not callable(factory):
-        raise AutomapError(f"{file} has no function {name!r}")
-    return factory
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"not a device to estimate for: {text!r} (cpu, cuda, "
+                                         f"cuda:1)")
+    return str(device)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _estimate(args: argparse.Namespace) -> int:
+    from automap.trace.profiling import profile
+
     try:
         factory = load_factory(args.target)
         built = factory(args.batch) if args.batch is not None else factory()
@@ -108,8 +109,7 @@ def _estimate(args: argparse.Namespace) -> int:
             attn_implementation=args.attn_implementation,
         )
     except AutomapError as exc:
-        print(f"automap estimate: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return report("estimate", exc)
     batch = f", batch {args.batch}" if args.batch is not None else ""
     print(f"{result.traced.model_type} on one {result.device} device{batch}")
     print(result.memory_breakdown())

@@ -1,66 +1,59 @@
-"""`automap plan` and `automap explain`."""
+"""automap plan and automap explain."""
 
 from __future__ import annotations
 
 import argparse
-import re
-import sys
 from typing import Any
 
-from automap.cli.estimate import load_factory
+from automap.cli.arguments import (
+    floats,
+    parse_bytes,
+    parse_mesh_shape,
+    positive_float,
+    positive_int,
+    report,
+    writable_file,
+)
+from automap.cli.factory import load_factory
 from automap.errors import AutomapError
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(text: str) -> int:
-    """'16GiB', '500MB', '1e9' -> bytes."""
-    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a byte size: {text!r} (e.g. 16GiB, 500MB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-def parse_mesh_shape(text: str) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(x) for x in text.lower().split("x"))
-    except ValueError:
-        shape = ()
-    if not shape or any(s < 1 for s in shape):
-        raise argparse.ArgumentTypeError(f"not a mesh shape: {text!r} (e.g. 8, 2x4, 2x2x2)")
-    return shape
-
-
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",")]
+from automap.trace.optimizer_names import OPTIMIZER_NAMES
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("plan", help="search a sharding plan for a model and a mesh")
+    p = subparsers.add_parser(
+        "plan", help="search a sharding plan for a model and a mesh",
+        description="Search the intra-op sharding plan (and, within --memory, the activation "
+                    "checkpoints) of a model on a device mesh; print it and optionally write "
+                    "its JSON.")
     p.add_argument("target", help="<python-file>:<factory> returning (model, example_inputs"
                    "[, loss_fn]); build the model on torch.device('meta')")
-    p.add_argument("--batch", type=int, default=None, help="batch size for the factory")
+    p.add_argument("--batch", type=positive_int, default=None, help="batch size for the factory")
     p.add_argument("--mesh", type=parse_mesh_shape, required=True, help="e.g. 8, 2x4")
     p.add_argument("--memory", type=parse_bytes, default=None,
-                   help="memory budget per device, e.g. 16GiB (default: unlimited)")
-    p.add_argument("--alpha-s", type=_floats, default=None,
+                   help="memory budget per device, e.g. 16GiB, 16G (= 16 GiB), 500MB "
+                        "(default: unlimited)")
+    p.add_argument("--alpha-s", type=floats, default=None,
                    help="link latency per mesh axis in seconds, comma-separated")
-    p.add_argument("--bandwidth", type=_floats, default=None,
+    p.add_argument("--bandwidth", type=floats, default=None,
                    help="link bandwidth per mesh axis in bytes/s, comma-separated")
-    p.add_argument("--flops", type=float, default=None, help="sustained FLOP/s per device")
-    p.add_argument("--optimizer", default="adamw", choices=["sgd", "sgd_momentum", "adam",
-                                                            "adamw"])
-    p.add_argument("--time-limit", type=float, default=60.0, help="solver limit, seconds")
+    p.add_argument("--flops", type=positive_float, default=None,
+                   help="sustained FLOP/s per device")
+    p.add_argument("--optimizer", default="adamw", choices=OPTIMIZER_NAMES)
+    p.add_argument("--time-limit", type=positive_float, default=60.0,
+                   help="solver limit, seconds")
     p.add_argument("--checkpointing", default="auto", choices=["auto", "off", "only"],
                    help="within --memory: two-stage search with activation checkpointing "
                         "(auto), sharding alone (off), or checkpointing of the fastest "
                         "sharding (only)")
-    p.add_argument("-o", "--output", default=None, help="write the plan JSON here")
+    p.add_argument("-o", "--output", type=writable_file, default=None,
+                   help="write the plan JSON here (checked before planning)")
     p.set_defaults(run=_plan)
-    e = subparsers.add_parser("explain", help="explain a plan JSON")
+    e = subparsers.add_parser("explain", help="explain a plan JSON",
+                              description="Print a saved plan: per node the chosen specs, "
+                                          "costs and alternatives, the layout conversions and "
+                                          "the checkpoint blocks.")
     e.add_argument("plan", help="plan.json written by automap plan")
-    e.add_argument("--rows", type=int, default=60, help="nodes to list")
+    e.add_argument("--rows", type=positive_int, default=60, help="nodes to list")
     e.set_defaults(run=_explain)
 
 
@@ -81,13 +74,12 @@ def _plan(args: argparse.Namespace) -> int:
                       optimizer=args.optimizer, flops_per_s=args.flops or DEFAULT_FLOPS_PER_S,
                       time_limit_s=args.time_limit, checkpointing=args.checkpointing,
                       verbose=True)
-    except AutomapError as exc:
-        print(f"automap plan: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    print(result.explain(max_rows=20))
-    if args.output:
-        result.to_json(args.output)
-        print(f"\nplan written to {args.output}")
+        print(result.explain(max_rows=20))
+        if args.output:
+            result.to_json(args.output)
+            print(f"\nplan written to {args.output}")
+    except (AutomapError, OSError) as exc:
+        return report("plan", exc)
     return 0
 
 
@@ -97,6 +89,5 @@ def _explain(args: argparse.Namespace) -> int:
     try:
         print(Plan.from_json(args.plan).explain(max_rows=args.rows))
     except (AutomapError, OSError) as exc:
-        print(f"automap explain: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return report("explain", exc)
     return 0

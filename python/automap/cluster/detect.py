@@ -11,6 +11,10 @@ Every rank calls ``detect_cluster`` (it is collective) and gets the same
    rounds, with no process group per pair (a pair group each would cost
    O(N^2) communicator set-ups). A bidirectional exchange of S bytes moves
    what a 2-rank all-reduce of S bytes does, so its bus bandwidth is S / t.
+   The tournament runs ``repeats`` times; each pair's link is the median of
+   its repeats, and their spread sets how far apart two bandwidths must be
+   to split a tier (``topology.significant_rel_tol``): repeated runs on one
+   machine find the same tiers.
 2. **Contention**: 1, 2, 4, ... pairs of the first round exchange the
    largest size at once, three times over (interleaved, so a burst of
    outside load does not hit one step only), showing how pair bandwidth
@@ -44,7 +48,13 @@ import torch
 import torch.distributed as dist
 
 from automap.cluster.cluster import Cluster, Device
-from automap.cluster.topology import DEFAULT_REL_TOL, GroupLink, candidate_meshes, fit_tiers
+from automap.cluster.topology import (
+    DEFAULT_REL_TOL,
+    GroupLink,
+    candidate_meshes,
+    fit_tiers,
+    significant_rel_tol,
+)
 from automap.errors import AutomapError
 
 #: Message sizes: two small ones fix the latency, three large ones the bandwidth.
@@ -248,18 +258,12 @@ def _this_device(device: torch.device, measure_flops: bool) -> dict:
 
 
 def _pair_samples(records: list[dict], key: str) -> dict[tuple[int, int], np.ndarray]:
-    """Per pair (a < b), the iteration times of both ends: sizes x 2*iters."""
+    """Per pair (a < b), the iteration times of both ends: repeats x sizes x 2*iters."""
     samples: dict[tuple[int, int], list] = {}
     for rank, record in enumerate(records):
         for peer, times in record[key].items():
             samples.setdefault((min(rank, peer), max(rank, peer)), []).append(np.array(times))
-    return {pair: np.concatenate(ends, axis=1) for pair, ends in samples.items()}
-
-
-def _relative_spread(samples: np.ndarray, sizes: np.ndarray) -> float:
-    """Interquartile range over median of the largest size's times."""
-    q1, q2, q3 = np.percentile(samples[np.argmax(sizes)], [25, 50, 75])
-    return float((q3 - q1) / q2)
+    return {pair: np.concatenate(ends, axis=-1) for pair, ends in samples.items()}
 
 
 def detect_cluster(
@@ -267,6 +271,7 @@ def detect_cluster(
     sizes_bytes: Sequence[int] | None = None,
     iters: int = 5,
     warmup: int = 1,
+    repeats: int = 3,
     measure_groups: int = 3,
     measure_flops: bool = True,
     rel_tol: float | None = None,
@@ -279,19 +284,21 @@ def detect_cluster(
     ``sizes_bytes``: message sizes, multiples of 4 (default
     ``DEFAULT_GPU_SIZES_BYTES`` on NCCL, ``DEFAULT_CPU_SIZES_BYTES``
     otherwise). ``measure_groups``: how many of the best candidate meshes get
-    their axes measured by group all-reduces. ``rel_tol``: tier tolerance;
-    None takes the larger of ``DEFAULT_REL_TOL`` and the measured noise (the
-    median relative interquartile range of the pair times at the largest
-    size), so that noise does not split a tier. ``quiet``: no progress lines.
+    their axes measured by group all-reduces. ``repeats``: runs of the pair
+    tournament; each pair's latency and bandwidth is the median of its runs.
+    ``rel_tol``: tier tolerance; None takes ``significant_rel_tol`` of the
+    repeats (at least ``DEFAULT_REL_TOL``), so that noise does not split a
+    tier. ``quiet``: no progress lines.
     Keep ``warmup >= 1`` on NCCL: the first exchange of a pair creates its
     communicator.
 
-    The returned ``Cluster.measurement`` holds the settings, ``noise_rel``,
+    The returned ``Cluster.measurement`` holds the settings, ``noise_rel``
+    (the pooled repeat-to-repeat standard deviation of log pair bandwidths),
     ``contention`` (pair bandwidth per number of concurrent pairs),
     ``groups`` (per measured axis: its fit, and time, algbw and busbw per
     size), and ``phase_s`` / ``wall_s`` (rank 0's clock).
 
-    Work: N-1 (odd N: N) rounds of ``len(sizes_bytes) * (warmup + iters)``
+    Work: ``repeats`` x N-1 (odd N: N) rounds of ``len(sizes_bytes) * (warmup + iters)``
     concurrent exchanges, 3 * ceil(log2(N/2) + 1) rounds of ``warmup + iters``
     exchanges of the largest size, one all-reduce series per distinct axis
     of the measured candidates, and a 0.1 s matmul: time grows as O(N)."""
@@ -308,15 +315,16 @@ def detect_cluster(
     sizes_bytes = tuple(int(s) for s in sizes_bytes)
     if len(set(sizes_bytes)) < 2 or any(s < 4 or s % 4 for s in sizes_bytes):
         raise AutomapError(f"need two or more sizes, multiples of 4 bytes; got {sizes_bytes}")
-    if iters < 1 or warmup < 0:
-        raise AutomapError(f"need iters >= 1 and warmup >= 0, got {iters} and {warmup}")
+    if iters < 1 or warmup < 0 or repeats < 1:
+        raise AutomapError(f"need iters >= 1, warmup >= 0 and repeats >= 1, got {iters}, "
+                           f"{warmup} and {repeats}")
     sizes = np.array(sizes_bytes, dtype=np.float64)
     bench = _Bench(sizes_bytes, iters, warmup, device)
     rounds = round_robin(n)
     concurrency = _contention_steps(len(rounds[0]) if rounds else 0)
     # The group steps are counted once the pair matrix has chosen them.
     progress = _Progress(
-        1 + len(rounds) + CONTENTION_REPEATS * len(concurrency), rank == 0 and not quiet
+        1 + repeats * len(rounds) + CONTENTION_REPEATS * len(concurrency), rank == 0 and not quiet
     )
     phase_s: dict[str, float] = {}
     wall_start = time.perf_counter()
@@ -328,12 +336,12 @@ def detect_cluster(
     record: dict = {"device": _this_device(device, measure_flops), "pairs": {}, "contention": {}}
     progress.step("device")
     lap("device")
-    for r, pairs in enumerate(rounds):
+    for repeat, (r, pairs) in itertools.product(range(repeats), enumerate(rounds)):
         peer = _partner(rank, pairs)
         times = bench.exchange(peer)
         if peer is not None:
-            record["pairs"][peer] = times
-        progress.step(f"pairs round {r + 1}/{len(rounds)}")
+            record["pairs"].setdefault(peer, []).append(times)
+        progress.step(f"pairs run {repeat + 1}/{repeats} round {r + 1}/{len(rounds)}")
     lap("pairs")
     for repeat, k in itertools.product(range(CONTENTION_REPEATS), concurrency):
         peer = _partner(rank, rounds[0][:k])
@@ -346,11 +354,11 @@ def detect_cluster(
     dist.all_gather_object(records, record)
 
     pair_samples = _pair_samples(records, "pairs")
-    spreads = [_relative_spread(t, sizes) for t in pair_samples.values()]
-    noise = float(np.median(spreads)) if spreads else 0.0
+    alpha, bandwidth, log_repeats = _pair_matrices(pair_samples, n, sizes)
+    noise = float(np.sqrt(np.mean(np.var(log_repeats, axis=1, ddof=1)))) \
+        if log_repeats.shape[1] > 1 and len(log_repeats) else 0.0
     if rel_tol is None:
-        rel_tol = max(DEFAULT_REL_TOL, noise)
-    alpha, bandwidth = _pair_matrices(pair_samples, n, sizes)
+        rel_tol = significant_rel_tol(log_repeats, DEFAULT_REL_TOL)
     partitions = _axis_partitions(fit_tiers(alpha, bandwidth, rel_tol), measure_groups)
     progress.total = progress.done + len(partitions)
     group_links, group_rows = [], []
@@ -371,6 +379,7 @@ def detect_cluster(
         "sizes_bytes": list(sizes_bytes),
         "iters": iters,
         "warmup": warmup,
+        "repeats": repeats,
         "pair_rounds": len(rounds),
         "noise_rel": noise,
         "contention": _contention_rows(records, concurrency, max(sizes_bytes)),
@@ -405,17 +414,23 @@ def _contention_steps(max_pairs: int) -> list[int]:
     return steps + [max_pairs] if max_pairs else []
 
 
-def _pair_matrices(samples: dict, n: int, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """N x N latency and bus bandwidth, fitted per pair on the fastest times."""
+def _pair_matrices(samples: dict, n: int, sizes: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """N x N latency and bus bandwidth: per pair, a fit on the fastest times of
+    each repeat, then the median over the repeats. Also the log bandwidth of
+    every pair's repeats (pairs x repeats), whose spread is the noise."""
     alpha = np.zeros((n, n))
     bandwidth = np.zeros((n, n))
-    if samples:
-        pairs = list(samples)
-        fastest = np.array([samples[p].min(axis=1) for p in pairs])
-        a, b = np.array(pairs).T
-        alpha[a, b], bandwidth[a, b] = fit_alpha_bandwidth(sizes, fastest)
-        alpha[b, a], bandwidth[b, a] = alpha[a, b], bandwidth[a, b]
-    return alpha, bandwidth
+    if not samples:
+        return alpha, bandwidth, np.zeros((0, 1))
+    pairs = list(samples)
+    fastest = np.array([samples[p].min(axis=-1) for p in pairs])  # pairs x repeats x sizes
+    alphas, bandwidths = fit_alpha_bandwidth(sizes, fastest)  # pairs x repeats
+    a, b = np.array(pairs).T
+    alpha[a, b] = np.median(alphas, axis=1)
+    bandwidth[a, b] = np.median(bandwidths, axis=1)
+    alpha[b, a], bandwidth[b, a] = alpha[a, b], bandwidth[a, b]
+    return alpha, bandwidth, np.log(bandwidths)
 
 
 def _devices(records: list[dict]) -> list[Device]:

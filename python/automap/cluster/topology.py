@@ -4,10 +4,12 @@ Three steps, all pure functions over numpy arrays:
 
 1. **Tiers.** The bandwidths of all pairs are clustered in log space: sorted
    from fastest to slowest, a new tier starts wherever two neighbouring values
-   differ by more than ``rel_tol`` (relative). Measurement noise spreads a
-   tier's values without opening such gaps, while real link classes (NVLink,
-   PCIe, across NUMA, across hosts) differ by far more. Each tier gets the
-   median bandwidth and the median latency of its pairs.
+   differ by more than ``rel_tol`` (relative). The detector measures each pair
+   several times, takes the median, and widens ``rel_tol`` until a gap is
+   significant against the repeat-to-repeat noise (``significant_rel_tol``),
+   so noise on a busy machine does not split a tier, while real link classes
+   (NVLink, PCIe, across NUMA, across hosts) differ by far more. Each tier
+   gets the median bandwidth and the median latency of its pairs.
 2. **Hierarchy.** Adding the links tier by tier, fastest first, and taking
    connected components gives nested groups (NVLink pairs, then NUMA nodes,
    then the host ...). The *tree order* lists the devices so that every group
@@ -36,6 +38,9 @@ from automap.sharding.mesh import DEFAULT_BANDWIDTH_BYTES_PER_S, DeviceMesh
 
 #: Neighbouring bandwidths (sorted) further apart than this, relatively, start a new tier.
 DEFAULT_REL_TOL = 0.25
+#: A tier splits only at a gap this many standard errors of a difference of two
+#: pair bandwidths wide (their repeat-to-repeat spread, in log space).
+SIGNIFICANCE_Z = 3.0
 #: Buffer of the all-reduce whose time ranks the candidate meshes (1 GiB, gradient-sized).
 SCORE_BYTES = 2**30
 
@@ -123,6 +128,23 @@ def check_link_matrices(alpha_s, bandwidth_bytes_per_s) -> tuple[np.ndarray, np.
     np.fill_diagonal(bandwidth, 0.0)
     np.fill_diagonal(alpha, 0.0)
     return alpha, bandwidth
+
+
+def significant_rel_tol(log_repeats: np.ndarray, floor: float = DEFAULT_REL_TOL,
+                        z: float = SIGNIFICANCE_Z) -> float:
+    """The tier tolerance that makes a split significant: ``log_repeats`` holds,
+    per pair (rows), the log bandwidth of each repeated measurement (columns).
+    The pooled repeat-to-repeat standard deviation ``s`` of one measurement
+    gives a pair median (of R repeats) a spread of about ``1.25 s / sqrt(R)``;
+    two medians differ by noise alone less than ``z`` times ``sqrt(2)`` of that
+    (``z = 3``: about 3 in 1000 of neighbouring pairs), so gaps narrower than
+    that do not split a tier. Never below ``floor``."""
+    logs = np.asarray(log_repeats, dtype=np.float64)
+    if logs.ndim != 2 or logs.shape[1] < 2:
+        return floor
+    spread = float(np.sqrt(np.mean(np.var(logs, axis=1, ddof=1))))
+    median_sd = 1.2533 * spread / np.sqrt(logs.shape[1])
+    return max(floor, float(np.expm1(z * np.sqrt(2.0) * median_sd)))
 
 
 def cluster_values(values: np.ndarray, rel_tol: float = DEFAULT_REL_TOL) -> np.ndarray:

@@ -4,8 +4,10 @@ user's parameter names, so ``module.parameters()`` feeds any optimizer as is."""
 from __future__ import annotations
 
 import torch
+import torch.utils._pytree as pytree
 from torch import fx, nn
 
+from automap.errors import InputMismatchError
 from automap.generate.state import StateShard
 from automap.sharding.layout import layout_path
 from automap.sharding.redistribute import redistribute
@@ -15,11 +17,14 @@ class ParallelModule(fx.GraphModule):
     """One rank's part of a parallel training step; ``print(module.code)`` shows it.
 
     Called like the traced model (same positional and keyword inputs); returns the
-    traced graph's outputs (the loss), replicated on every rank. The train/eval mode
-    of the model when it was traced is part of the graph (dropout, batch norm):
-    generate an eval module from a model traced in eval mode. Data-parallel gradient
-    all-reduces run outside the graph, in ``gradient_sync`` (bucketed, asynchronous,
-    finished when ``backward()`` returns)."""
+    traced graph's outputs (the loss), replicated on every rank. Each call first
+    checks the inputs against those the plan was made for (their structure, and
+    each tensor's shape and dtype: the local shard's with ``local_inputs``) and
+    raises ``InputMismatchError`` naming the input, what was expected and what came.
+    The train/eval mode of the model when it was traced is part of the graph
+    (dropout, batch norm): generate an eval module from a model traced in eval mode.
+    Data-parallel gradient all-reduces run outside the graph, in ``gradient_sync``
+    (bucketed, asynchronous, finished when ``backward()`` returns)."""
 
     plan: object
     groups: object
@@ -49,6 +54,56 @@ class ParallelModule(fx.GraphModule):
     def local_parameter_bytes(self) -> int:
         """Bytes of the parameter shards this rank holds."""
         return sum(p.numel() * p.element_size() for p in self.parameters())
+
+
+class InputCheck:
+    """The inputs a generated module takes: the pytree structure of (args,
+    kwargs) and per leaf (name, shape, dtype) of a tensor or the value of a
+    constant the graph was specialised on. Used as a forward pre-hook."""
+
+    def __init__(self, in_spec, leaves: list[tuple[str, object]]) -> None:
+        self.in_spec = in_spec
+        self.leaves = leaves  # (placeholder name, (shape, dtype) or a constant)
+        kwargs_spec = _child(in_spec, 1)
+        self.kwarg_names = list(kwargs_spec.context) if kwargs_spec is not None else []
+
+    def __call__(self, module, args, kwargs):
+        got_names = set(kwargs)
+        if got_names != set(self.kwarg_names):
+            raise InputMismatchError(
+                f"the module takes keyword inputs {self.kwarg_names} (those of the plan's "
+                f"example inputs), got {sorted(got_names)}")
+        ordered = {k: kwargs[k] for k in self.kwarg_names}
+        flat, spec = pytree.tree_flatten((tuple(args), ordered))
+        if spec != self.in_spec or len(flat) != len(self.leaves):
+            expected = _child(self.in_spec, 0)
+            count = expected.num_leaves if expected is not None else "?"
+            raise InputMismatchError(
+                f"the module takes the inputs of the plan's example ({count} positional "
+                f"value(s), keywords {self.kwarg_names}); got {len(args)} positional "
+                f"argument(s) of another structure")
+        for (name, want), value in zip(self.leaves, flat):
+            if isinstance(want, tuple):
+                shape, dtype = want
+                if not isinstance(value, torch.Tensor):
+                    raise InputMismatchError(f"input {name}: expected a tensor of shape "
+                                             f"{list(shape)} and dtype {dtype}, got "
+                                             f"{type(value).__name__}")
+                if tuple(value.shape) != shape or value.dtype != dtype:
+                    raise InputMismatchError(
+                        f"input {name}: expected shape {list(shape)} and dtype {dtype} (the "
+                        f"plan was made for these), got shape {list(value.shape)} and dtype "
+                        f"{value.dtype}; re-plan for new shapes or dtypes")
+            elif isinstance(value, torch.Tensor) or value != want:
+                raise InputMismatchError(f"input {name}: the graph was traced with the "
+                                         f"constant {want!r}, got {value!r}")
+
+
+def _child(spec, index: int):
+    """Child ``index`` of a pytree spec (the API's name changed across torch versions)."""
+    if spec is None or spec.num_children <= index:
+        return None
+    return spec.child(index) if hasattr(spec, "child") else spec.children_specs[index]
 
 
 def register_state(root: nn.Module, name: str, value: torch.Tensor, kind: str,

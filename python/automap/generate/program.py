@@ -12,8 +12,9 @@ from torch import nn
 from automap.generate.build import defer_parameter_gradient_sync, generate_graph
 from automap.generate.checkpoint import wrap_checkpoint_blocks
 from automap.generate.grad_sync import DEFAULT_BUCKET_BYTES, GradientSync
-from automap.generate.module import ParallelModule, register_state
+from automap.generate.module import InputCheck, ParallelModule, register_state
 from automap.generate.state import StateShard, cut, full_tensors
+from automap.sharding.spec import ShardingSpec
 
 
 def generate(traced, plan, model: nn.Module, groups, *, device=None, local_inputs: bool = False,
@@ -40,6 +41,8 @@ def generate(traced, plan, model: nn.Module, groups, *, device=None, local_input
     module.graph._codegen = _pytree_codegen(traced)
     module.recompile()
     module.train(model.training)
+    module.register_forward_pre_hook(
+        _input_check(traced, module.graph, plan, rank, local_inputs), with_kwargs=True)
     return module
 
 
@@ -69,6 +72,25 @@ def assemble(traced, plan, groups, rank: int, device: torch.device, local_inputs
               for name, axes in reversed(deferred)]
     module.gradient_sync = GradientSync(synced, grad_bucket_bytes or DEFAULT_BUCKET_BYTES)
     return module
+
+
+def _input_check(traced, graph, plan, rank: int, local_inputs: bool) -> InputCheck:
+    """What each input placeholder of the generated graph must receive: the
+    traced (global) shape, or this rank's shard of it with ``local_inputs``."""
+    leaves = []
+    for node in graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            shape = tuple(int(s) for s in val.shape)
+            spec = plan.nodes[node.name].outputs[0] if node.name in plan.nodes else None
+            if local_inputs and spec is not None:
+                shape = tuple(ShardingSpec.parse(spec).local_shape(list(shape), plan.mesh))
+            leaves.append((node.name, (shape, val.dtype)))
+        else:
+            leaves.append((node.name, val))
+    return InputCheck(traced.exported.call_spec.in_spec, leaves)
 
 
 def _pytree_codegen(traced):

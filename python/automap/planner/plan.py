@@ -13,10 +13,15 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from automap.checkpoint.record import CheckpointPlan
-from automap.errors import StalePlanError
+from automap.errors import AutomapError, InvalidPlanError, StalePlanError
+from automap.planner.validate import (
+    SCHEMA_VERSION,
+    check_against_graph,
+    check_consistency,
+    check_schema,
+    content_fingerprint,
+)
 from automap.sharding.mesh import DeviceMesh
-
-SCHEMA_VERSION = 1
 
 
 @dataclass
@@ -83,7 +88,7 @@ class Plan:
 
     # Serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {
+        data = {
             "schema_version": SCHEMA_VERSION,
             "versions": self.versions or current_versions(),
             "graph_fingerprint": self.graph_fingerprint,
@@ -104,6 +109,10 @@ class Plan:
             "nodes": [asdict(n) for n in self.nodes.values()],
             "edges": [asdict(e) for e in self.edges],
         }
+        # Through JSON once, so the hash sees what a reader will (lists, not tuples).
+        data = json.loads(json.dumps(data))
+        data["content_fingerprint"] = content_fingerprint(data)
+        return data
 
     def to_json(self, path: str | None = None) -> str:
         text = json.dumps(self.to_dict(), indent=1)
@@ -114,13 +123,17 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict) -> Plan:
-        version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise StalePlanError(
-                f"plan schema version {version} is not {SCHEMA_VERSION}, the one this automap "
-                f"reads; re-plan with automap.plan(...)")
-        return cls(
-            mesh=DeviceMesh.from_dict(data["mesh"]),
+        """The plan of ``to_dict``. Refuses (``InvalidPlanError``) a record with a
+        field of the wrong type or range, content that does not match its
+        fingerprint (edited by hand) or that disagrees with itself or its mesh;
+        another schema version is a ``StalePlanError``."""
+        check_schema(data)
+        try:
+            mesh = DeviceMesh.from_dict(data["mesh"])
+        except AutomapError as exc:
+            raise InvalidPlanError(f"plan field mesh: {exc}") from None
+        plan = cls(
+            mesh=mesh,
             nodes={n["name"]: NodePlan(**n) for n in data["nodes"]},
             edges=[EdgePlan(**e) for e in data["edges"]],
             predicted_step_s=data["predicted_step_s"],
@@ -129,24 +142,35 @@ class Plan:
             predicted_peak_memory_bytes=data["predicted_peak_memory_bytes"],
             memory_budget_bytes=data["memory_budget_bytes"],
             memory_binding=data["memory_binding"],
-            memory_breakdown=data.get("memory_breakdown", {}),
-            memory_breakdown_at=data.get("memory_breakdown_at", ""),
+            memory_breakdown=data["memory_breakdown"],
+            memory_breakdown_at=data["memory_breakdown_at"],
             graph_fingerprint=data["graph_fingerprint"],
             cost_constants=data["cost_constants"],
             solver=data["solver"],
-            unsupported_ops=data.get("unsupported_ops", {}),
-            versions=data.get("versions", {}),
-            checkpoint=CheckpointPlan.from_dict(data.get("checkpoint")),
-            inputs=data.get("inputs"),
+            unsupported_ops=data["unsupported_ops"],
+            versions=data["versions"],
+            checkpoint=CheckpointPlan.from_dict(data["checkpoint"]),
+            inputs=data["inputs"],
         )
+        check_consistency(plan)
+        return plan
 
     @classmethod
     def from_json(cls, path: str) -> Plan:
+        """``from_dict`` of a JSON file; unreadable JSON is an ``InvalidPlanError``."""
         with open(path) as f:
-            return cls.from_dict(json.load(f))
+            text = f.read()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidPlanError(f"{path} is not a plan: invalid JSON at line {exc.lineno}, "
+                                   f"column {exc.colno} ({exc.msg}); was it cut short?") from None
+        return cls.from_dict(data)
 
     def check_matches(self, traced, mesh: DeviceMesh | None = None) -> None:
-        """Raise StalePlanError unless this plan was made for ``traced`` (and ``mesh``)."""
+        """Raise StalePlanError unless this plan was made for ``traced`` (and
+        ``mesh``), and InvalidPlanError unless every node's choice is a strategy
+        the generator offers for it."""
         fingerprint = graph_fingerprint(traced)
         if fingerprint != self.graph_fingerprint:
             raise StalePlanError(
@@ -157,43 +181,61 @@ class Plan:
             raise StalePlanError(
                 f"this plan is for a mesh of shape {self.mesh.shape}, not {mesh.shape}; re-plan "
                 f"for this mesh")
+        check_against_graph(self, traced)
 
     # Explanation --------------------------------------------------------------------
     def summary(self) -> str:
-        budget = ("unlimited" if self.memory_budget_bytes is None
-                  else f"{self.memory_budget_bytes / 2**20:.1f} MiB")
+        budget = ("no memory budget" if self.memory_budget_bytes is None
+                  else f"budget {format_bytes(self.memory_budget_bytes)}"
+                  + (", binding" if self.memory_binding else ""))
+        blocks = self.checkpoint.block_count() if self.checkpoint else 0
+        checkpointing = (f", {_count(blocks, 'checkpoint block')} (recomputation "
+                         f"{self.checkpoint.recompute_s * 1e3:.3f} ms)" if blocks else "")
         return (
             f"plan on mesh {self.mesh.shape}: predicted step {self.predicted_step_s * 1e3:.3f} ms "
             f"(compute {self.predicted_compute_s * 1e3:.3f} ms, communication "
             f"{self.predicted_communication_s * 1e3:.3f} ms), peak memory "
-            f"{self.predicted_peak_memory_bytes / 2**20:.1f} MiB per device (budget {budget}"
-            f"{', binding' if self.memory_binding else ''})"
-            + (f", {self.checkpoint.block_count()} checkpoint blocks (recomputation "
-               f"{self.checkpoint.recompute_s * 1e3:.3f} ms)" if self.checkpoint else "")
+            f"{format_bytes(self.predicted_peak_memory_bytes)} per device ({budget})"
+            + checkpointing
             + f"; solver {self.solver.get('status')} "
             f"in {self.solver.get('solve_s', 0):.2f} s, gap {self.solver.get('gap', 0):.2g}")
 
     def explain(self, max_rows: int | None = 60) -> str:
         """A table per node of the chosen specs, its cost and its best
-        alternatives, and which constraint binds."""
+        alternatives, the layout conversions, and which constraint binds.
+        ``max_rows``: the slowest nodes listed (None: all)."""
         lines = [self.summary(), ""]
-        header = f"{'node':28} {'op':22} {'inputs -> outputs':34} {'time ms':>9}  alternatives"
-        lines.append(header)
-        lines.append("-" * len(header))
+        listed = [n for n in self.nodes.values() if n.kind not in ("output",)]
+        listed.sort(key=lambda n: -(n.compute_s + n.forward_comm_s + n.backward_comm_s))
+        shown = listed if max_rows is None else listed[:max_rows]
+        rows = [(n.name, n.op, f"{','.join(n.inputs) or '-'} -> {','.join(n.outputs)}",
+                 f"{(n.compute_s + n.forward_comm_s + n.backward_comm_s) * 1e3:.4f}",
+                 "; ".join(f"{','.join(a['outputs'])} {a['extra_s'] * 1e3:+.3f} ms"
+                           for a in n.alternatives[:2]))
+                for n in shown]
+        head = ("node", "op", "inputs -> outputs", "time ms", "alternatives")
+        widths = [max([len(head[c])] + [len(r[c]) for r in rows]) for c in range(4)]
+
+        def line(cells):
+            return (f"{cells[0]:{widths[0]}}  {cells[1]:{widths[1]}}  {cells[2]:{widths[2]}}  "
+                    f"{cells[3]:>{widths[3]}}  {cells[4]}").rstrip()
+
+        lines.append(line(head))
+        lines.append("-" * len(line(head)))
         lines.append("(alternatives: other output specs and their node time relative to the "
                      "chosen one, before the conversions they would need)")
-        interesting = [n for n in self.nodes.values() if n.kind not in ("output",)]
-        interesting.sort(key=lambda n: -(n.compute_s + n.forward_comm_s + n.backward_comm_s))
-        for n in interesting[:max_rows]:
-            io = f"{','.join(n.inputs) or '-'} -> {','.join(n.outputs)}"
-            t = (n.compute_s + n.forward_comm_s + n.backward_comm_s) * 1e3
-            alts = "; ".join(f"{','.join(a['outputs'])} {a['extra_s'] * 1e3:+.3f} ms"
-                             for a in n.alternatives[:2])
-            lines.append(f"{n.name[:28]:28} {n.op[:22]:22} {io[:34]:34} {t:9.4f}  {alts}")
+        lines.extend(line(r) for r in rows)
+        if len(shown) < len(listed):
+            lines.append(f"... and {len(listed) - len(shown)} more nodes (explain(max_rows=None)"
+                         f" or automap explain --rows {len(listed)} lists all {len(listed)})")
+        in_nodes = sum(n.forward_comm_s + n.backward_comm_s for n in self.nodes.values())
         conversions = [e for e in self.edges if e.steps]
         lines.append("")
-        lines.append(f"{len(conversions)} layout conversions, "
-                     f"{sum(e.cost_s for e in conversions) * 1e3:.3f} ms in all")
+        lines.append(f"communication: {in_nodes * 1e3:.3f} ms inside nodes (partial-sum "
+                     f"reductions and gradient all-reduces), "
+                     f"{_count(len(conversions), 'layout conversion')} between nodes: "
+                     f"{sum(e.cost_s for e in conversions) * 1e3:.3f} ms (summed over the traced "
+                     f"nodes)")
         for e in sorted(conversions, key=lambda e: -e.cost_s)[:10]:
             lines.append(f"  {e.producer} -> {e.consumer}: {e.src} -> {e.dst} "
                          f"({', '.join(e.steps)}) {e.cost_s * 1e3:.4f} ms")
@@ -210,6 +252,18 @@ class Plan:
 
     def __str__(self) -> str:
         return self.summary()
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def format_bytes(n: float) -> str:
+    """Bytes in the largest binary unit that keeps a number >= 1 (B, KiB ... TiB)."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
 
 
 def current_versions() -> dict:

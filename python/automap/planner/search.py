@@ -16,7 +16,16 @@ from automap.checkpoint.chain import chain_of_plan, coarsen, solve_checkpointing
 from automap.checkpoint.record import CheckpointPlan
 from automap.errors import InfeasibleBudgetError, InvalidMeshError
 from automap.generate.simulate import simulate_step
+from automap.planner.checks import (
+    check_budget,
+    check_choice,
+    check_costs,
+    check_flops,
+    check_optimizer,
+    check_time_limit,
+)
 from automap.planner.plan import EdgePlan, NodePlan, Plan, current_versions, graph_fingerprint
+from automap.planner.plan import format_bytes as _size
 from automap.sharding.layout import layout_path
 from automap.sharding.mesh import DeviceMesh
 from automap.solve.blocks import detect_blocks
@@ -34,6 +43,8 @@ DEFAULT_FLOPS_PER_S = 100e12
 #: The two-stage search's budget ladder: the ILP runs at B * (1 + alpha)^n,
 #: n = 0 .. steps - 1, each solution checkpointed within the real budget B.
 LADDER_ALPHA, LADDER_STEPS = 0.25, 10
+
+CHECKPOINTING = ("auto", "off", "only")
 
 
 def candidate_meshes(mesh, top_k: int = 3, size: int | None = None):
@@ -112,6 +123,10 @@ def plan(
     from automap.trace.profiling import profile_traced
     from automap.trace.tracing import default_loss, trace
 
+    memory_budget_bytes = check_budget(memory_budget_bytes)
+    optimizer, flops_per_s = check_optimizer(optimizer), check_flops(flops_per_s)
+    check_time_limit(time_limit_s)
+    check_choice(checkpointing, "checkpointing", CHECKPOINTING)
     meshes, cluster_flops = candidate_meshes(mesh)
     flops_per_s = flops_per_s or cluster_flops or DEFAULT_FLOPS_PER_S
     t0 = time.perf_counter()
@@ -138,11 +153,15 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 ladder_alpha=LADDER_ALPHA, ladder_steps=LADDER_STEPS, verify=True,
                 backend=None) -> Plan:
     """``plan`` for an already traced and profiled graph."""
-    if checkpointing not in ("auto", "off", "only"):
-        raise ValueError(f"checkpointing must be 'auto', 'off' or 'only', not {checkpointing!r}")
+    memory_budget_bytes = check_budget(memory_budget_bytes)
+    optimizer = check_optimizer(optimizer)
+    flops_per_s = check_flops(flops_per_s) or DEFAULT_FLOPS_PER_S
+    check_time_limit(time_limit_s)
+    check_choice(checkpointing, "checkpointing", CHECKPOINTING)
     t0 = time.perf_counter()
     table = build_strategy_table(traced, profile, mesh, flops_per_s=flops_per_s,
                                  optimizer=optimizer, strict=strict)
+    check_costs(table, mesh, flops_per_s)
     if strategy_filter is not None:
         restrict(table, strategy_filter)
     t1 = time.perf_counter()
@@ -156,8 +175,9 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                         merge_followers=merge_followers, blocks=blocks, node_weight=node_weight,
                         edge_weight=edge_weight, optimizer=optimizer)
         if verbose:
+            limit = "no memory limit" if budget is None else f"memory limit {_size(budget)}"
             print(f"automap: {sum(len(n) for n in table.nodes.values())} strategies in "
-                  f"{t1 - t0:.2f} s; ILP (budget {_mib(budget)}) built in {sol.build_s:.2f} s, "
+                  f"{t1 - t0:.2f} s; ILP ({limit}) built in {sol.build_s:.2f} s, "
                   f"solved in {sol.solve_s:.2f} s")
         return sol
 
@@ -198,8 +218,8 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
             return found
         budget = budget * min(modelled / simulated.peak_bytes, 1.0) * 0.995
         if verbose:
-            print(f"automap: the simulated step needs {_mib(simulated.peak_bytes)}, over the "
-                  f"budget; planning again within {_mib(budget)}")
+            print(f"automap: the simulated step needs {_size(simulated.peak_bytes)}, over the "
+                  f"budget; planning again within {_size(budget)}")
         try:
             found = search(budget)
         except InfeasibleBudgetError as err:
@@ -233,12 +253,12 @@ def _simulated_least(err: InfeasibleBudgetError, search, traced, optimizer, back
     message = str(err).split("; the smallest feasible budget")[0]
     return InfeasibleBudgetError(
         f"{message}; the smallest feasible budget is about {least:.4g} bytes "
-        f"({least / 2**30:.3f} GiB). Raise the budget, use a larger mesh, or enable "
+        f"({_size(least)}). Raise the budget, use a larger mesh, or enable "
         "activation checkpointing.", int(np.ceil(least)))
 
 
-def _mib(budget) -> str:
-    return "unlimited" if budget is None else f"{budget / 2**20:.1f} MiB"
+def _rung(budget) -> str:
+    return "the fastest plan" if budget is None else f"ILP rung {_size(budget)}"
 
 
 def _two_stage(traced, profile, table, budget, solve, package, checkpointing, alpha, steps,
@@ -276,12 +296,13 @@ def _two_stage(traced, profile, table, budget, solve, package, checkpointing, al
         schedule, chain = _checkpoint(traced, profile, table, sol, budget, repeats)
         if schedule is None:
             if verbose:
-                print(f"automap: rung {_mib(rung)}: no schedule fits")
+                print(f"automap: {_rung(rung)}: no schedule fits {_size(budget)}")
             continue
         found = package(sol, CheckpointPlan.from_schedule(chain, schedule, rung))
         if verbose:
-            print(f"automap: rung {_mib(rung)}: step {found.predicted_step_s * 1e3:.3f} ms "
-                  f"(recomputation {schedule.recompute_time_s * 1e3:.3f} ms)")
+            print(f"automap: {_rung(rung)}, checkpointed within {_size(budget)}: step "
+                  f"{found.predicted_step_s * 1e3:.3f} ms (recomputation "
+                  f"{schedule.recompute_time_s * 1e3:.3f} ms)")
         consider(found)
     if best is None:
         # The memory-minimal intra-op plan, checkpointed, fits where no rung does.
@@ -296,7 +317,7 @@ def _two_stage(traced, profile, table, budget, solve, package, checkpointing, al
         raise InfeasibleBudgetError(
             f"no plan fits a memory budget of {budget:.4g} bytes per device, even with "
             f"activation checkpointing; the smallest feasible budget is about {least:.4g} bytes "
-            f"({least / 2**30:.3f} GiB). Raise the budget or use a larger mesh.", int(least))
+            f"({_size(least)}). Raise the budget or use a larger mesh.", int(least))
     return best
 
 
@@ -351,11 +372,14 @@ def _package(traced, table, sol, mesh, memory_budget_bytes, node_weight, edge_we
     for name, node in table.nodes.items():
         c = sol.choice[name]
         order = np.argsort(node.time_s)
-        alternatives = [
-            {"inputs": list(node.in_specs[i]), "outputs": list(node.out_specs[i]),
-             "extra_s": float(node.time_s[i] - node.time_s[c])}
-            for i in order if i != c and node.out_specs[i] != node.out_specs[c]
-        ][:3]
+        seen = {tuple(node.out_specs[c])}  # the cheapest strategy of each other output
+        alternatives = []
+        for i in order:
+            if tuple(node.out_specs[i]) not in seen and len(alternatives) < 3:
+                seen.add(tuple(node.out_specs[i]))
+                alternatives.append({"inputs": list(node.in_specs[i]),
+                                     "outputs": list(node.out_specs[i]),
+                                     "extra_s": float(node.time_s[i] - node.time_s[c])})
         partial, scatter, grads = (node.reductions[c] if node.reductions is not None
                                    else ([], None, [[] for _ in node.inputs]))
         nodes[name] = NodePlan(

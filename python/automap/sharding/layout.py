@@ -3,12 +3,14 @@ native core, shared by the whole process) and resharding-cost matrices."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import numbers
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from automap import _core
 from automap._core import LayoutPath, LayoutStep
+from automap.errors import InvalidArgumentError
 
 __all__ = [
     "LayoutPath",
@@ -28,7 +30,7 @@ def layout_path(mesh, src, dst, shape: Sequence[int], dtype_bytes: int = 4, *, m
     ``method="optimal"`` (default) is the exact minimum-cost path, searched
     once per (mesh, shape, dtype, src, dst) and cached; ``"heuristic"`` is
     MAP's greedy search, for comparison."""
-    return _core.layout_path(mesh, src, dst, [int(s) for s in shape], int(dtype_bytes), method)
+    return _core.layout_path(mesh, src, dst, shape, _dtype_bytes(dtype_bytes), method)
 
 
 def resharding_cost_matrix(
@@ -42,8 +44,11 @@ def resharding_cost_matrix(
 ) -> np.ndarray:
     """``len(srcs) x len(dsts)`` array of conversion seconds between every pair
     of specs: ``component`` is ``"total"``, ``"forward"`` or ``"backward"``."""
-    fwd, bwd = _core.resharding_costs(mesh, list(srcs), list(dsts), [int(s) for s in shape],
-                                      int(dtype_bytes))
+    if component not in ("total", "forward", "backward"):
+        raise InvalidArgumentError(
+            f"component must be 'total', 'forward' or 'backward', got {component!r}")
+    fwd, bwd = _core.resharding_costs(mesh, _specs(srcs, "srcs"), _specs(dsts, "dsts"), shape,
+                                      _dtype_bytes(dtype_bytes))
     shape2 = (len(srcs), len(dsts))
     forward = np.frombuffer(fwd, dtype=np.float64).reshape(shape2)
     backward = np.frombuffer(bwd, dtype=np.float64).reshape(shape2)
@@ -51,9 +56,21 @@ def resharding_cost_matrix(
         return forward.copy()
     if component == "backward":
         return backward.copy()
-    if component == "total":
-        return forward + backward
-    raise ValueError(f"component must be 'total', 'forward' or 'backward', got {component!r}")
+    return forward + backward
+
+
+def _dtype_bytes(value) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) \
+            or not 1 <= value <= 16:
+        raise InvalidArgumentError(f"dtype_bytes must be an integer from 1 to 16 (bytes per "
+                                   f"element), got {value!r}")
+    return int(value)
+
+
+def _specs(value, what: str) -> list:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidArgumentError(f"{what} must be a list of specs, got {value!r}")
+    return list(value)
 
 
 def layout_cache_stats() -> tuple[int, int]:

@@ -4,10 +4,12 @@ wrapper adds names, defaults and the torch.distributed process groups."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import numbers
+from collections.abc import Iterable, Sequence
 
 from automap import _core
-from automap.errors import InvalidMeshError
+from automap.errors import InvalidArgumentError, InvalidMeshError
 
 #: Link model used when the cluster has not been measured: 10 us latency,
 #: 100 GB/s (NVLink-class). ``automap.detect_cluster`` replaces these.
@@ -17,14 +19,53 @@ DEFAULT_BANDWIDTH_BYTES_PER_S = 1e11
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
 
 
-def _per_axis(value, ndim: int, default: float, what: str) -> list[float]:
+#: The link figures a mesh accepts: latency up to a minute, bandwidth from
+#: 1 kB/s to 1 PB/s. Outside them collective prices leave the range the
+#: planner's solver works in (and no real link is there).
+MAX_ALPHA_S = 60.0
+MIN_BANDWIDTH_BYTES_PER_S, MAX_BANDWIDTH_BYTES_PER_S = 1e3, 1e15
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _ints(value, what: str) -> list[int]:
+    """A sequence of integers (not a string: "22" is not the shape (2, 2))."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidMeshError(f"{what} must be a sequence of integers, got {value!r}")
+    items = list(value)
+    bad = [v for v in items if not _is_int(v)]
+    if bad:
+        raise InvalidMeshError(f"{what} must be a sequence of integers, got {value!r} "
+                               f"(entry {bad[0]!r})")
+    return [int(v) for v in items]
+
+
+def _nbytes(value) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise InvalidArgumentError(f"nbytes must be a number of bytes, got {value!r}")
+    return float(value)
+
+
+def _per_axis(value, ndim: int, default: float, what: str, low: float, high: float,
+              allowed: str) -> list[float]:
     if value is None:
         return [default] * ndim
-    if isinstance(value, (int, float)):
-        return [float(value)] * ndim
-    values = [float(v) for v in value]
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        values = [float(value)] * ndim
+    elif isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidMeshError(f"{what} must be a number or one number per axis, got {value!r}")
+    else:
+        values = list(value)
+        if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
+            raise InvalidMeshError(f"{what} must be numbers, got {value!r}")
+        values = [float(v) for v in values]
     if len(values) != ndim:
         raise InvalidMeshError(f"{what} has {len(values)} entries but the mesh has {ndim} axes")
+    for axis, v in enumerate(values):
+        if not (math.isfinite(v) and low <= v <= high):
+            raise InvalidMeshError(f"{what} of axis {axis} must be {allowed}, got {v}")
     return values
 
 
@@ -47,24 +88,31 @@ class DeviceMesh:
         alpha_s: Sequence[float] | float | None = None,
         bandwidth_bytes_per_s: Sequence[float] | float | None = None,
     ) -> None:
-        shape = [int(shape)] if isinstance(shape, int) else [int(s) for s in shape]
-        if any(s < 0 for s in shape):
-            raise InvalidMeshError(f"mesh axis sizes must be positive, got shape {tuple(shape)}")
+        shape = [int(shape)] if _is_int(shape) else _ints(shape, "mesh shape")
+        for axis, size in enumerate(shape):
+            if size < 1:
+                raise InvalidMeshError(f"mesh axis {axis} has size {size} in shape "
+                                       f"{tuple(shape)}; sizes must be >= 1")
         ndim = len(shape)
-        alphas = _per_axis(alpha_s, ndim, DEFAULT_ALPHA_S, "alpha_s")
+        alphas = _per_axis(alpha_s, ndim, DEFAULT_ALPHA_S, "alpha_s", 0.0, MAX_ALPHA_S,
+                           f"finite and >= 0 (seconds, at most {MAX_ALPHA_S:g})")
         bandwidths = _per_axis(
-            bandwidth_bytes_per_s, ndim, DEFAULT_BANDWIDTH_BYTES_PER_S, "bandwidth_bytes_per_s"
-        )
+            bandwidth_bytes_per_s, ndim, DEFAULT_BANDWIDTH_BYTES_PER_S, "bandwidth_bytes_per_s",
+            MIN_BANDWIDTH_BYTES_PER_S, MAX_BANDWIDTH_BYTES_PER_S,
+            f"finite and > 0 (bytes/s, {MIN_BANDWIDTH_BYTES_PER_S:g} to "
+            f"{MAX_BANDWIDTH_BYTES_PER_S:g})")
         if axis_names is None:
             axis_names = [f"axis{i}" for i in range(ndim)]
+        if isinstance(axis_names, (str, bytes)) or not isinstance(axis_names, Iterable):
+            raise InvalidMeshError(f"axis_names must be a sequence of names, got {axis_names!r}")
         axis_names = [str(n) for n in axis_names]
         if len(axis_names) != ndim or len(set(axis_names)) != ndim:
             raise InvalidMeshError(
                 f"axis_names {axis_names} must name each of the {ndim} axes once"
             )
-        self._native = _core.Mesh(
-            shape, None if ranks is None else [int(r) for r in ranks], alphas, bandwidths
-        )
+        if ranks is not None:
+            ranks = _ints(ranks, "ranks")
+        self._native = _core.Mesh(shape, ranks, alphas, bandwidths)
         self.axis_names: tuple[str, ...] = tuple(axis_names)
 
     # Geometry -------------------------------------------------------------
@@ -98,22 +146,26 @@ class DeviceMesh:
             if axis not in self.axis_names:
                 raise InvalidMeshError(f"no mesh axis named {axis!r} (axes: {self.axis_names})")
             return self.axis_names.index(axis)
-        if not 0 <= axis < self.ndim:
-            raise InvalidMeshError(f"mesh axis {axis} is out of range for a {self.ndim}-D mesh")
+        if not _is_int(axis) or not 0 <= axis < self.ndim:
+            raise InvalidMeshError(f"mesh axis {axis!r} is out of range for a {self.ndim}-D "
+                                   f"mesh (axes 0 to {self.ndim - 1} or {list(self.axis_names)})")
         return int(axis)
 
     def _axes(self, axes) -> list[int]:
-        if isinstance(axes, (int, str)):
+        if isinstance(axes, (numbers.Integral, str)):
             axes = [axes]
+        if not isinstance(axes, Iterable):
+            raise InvalidMeshError(f"axes must be a mesh axis (index or name) or a sequence of "
+                                   f"them, got {axes!r}")
         return [self.axis_index(a) for a in axes]
 
     def coordinate(self, rank: int) -> tuple[int, ...]:
         """The mesh coordinate of a global rank."""
-        return tuple(self._native.coordinate(int(rank)))
+        return tuple(self._native.coordinate(rank))
 
     def rank_at(self, coordinate: Sequence[int]) -> int:
         """The global rank at a mesh coordinate."""
-        return self._native.rank_at([int(c) for c in coordinate])
+        return self._native.rank_at(coordinate)
 
     def axis_groups(self, axes) -> list[list[int]]:
         """The groups of ranks that communicate along ``axes`` (one axis or
@@ -127,7 +179,7 @@ class DeviceMesh:
         ``collective_plan`` chooses. ``nbytes`` is the per-device buffer: the
         output of an all-gather, the input of a reduce-scatter, the buffer of
         an all-reduce, all-to-all or broadcast."""
-        return self._native.collective_cost_s(kind, float(nbytes), self._axes(axes))
+        return self._native.collective_cost_s(kind, _nbytes(nbytes), self._axes(axes))
 
     def collective_plan(self, kind: str, nbytes: float, axes=(0,)) -> _core.CollectivePlan:
         """How one collective over ``axes`` runs: the cheaper under the link
@@ -137,7 +189,7 @@ class DeviceMesh:
         back). ``.steps``: kind, axes, nbytes and cost_s of each, in order;
         ``.cost_s`` is what ``collective_cost_s`` returns. The generated
         program runs these steps (``automap.sharding.collectives``)."""
-        return self._native.collective_plan(kind, float(nbytes), self._axes(axes))
+        return self._native.collective_plan(kind, _nbytes(nbytes), self._axes(axes))
 
     def all_gather_cost_s(self, nbytes: float, axes=(0,)) -> float:
         return self.collective_cost_s("all_gather", nbytes, axes)
@@ -204,6 +256,12 @@ class DeviceMesh:
 
     @classmethod
     def from_dict(cls, data: dict) -> DeviceMesh:
+        """The mesh of ``to_dict``; the shape must be a list of integers."""
+        if not isinstance(data, dict) or "shape" not in data:
+            raise InvalidMeshError(f"a mesh record is a dict with a 'shape', got {data!r}")
+        if not isinstance(data["shape"], (list, tuple)):
+            raise InvalidMeshError(f"a mesh record's shape must be a list of integers, got "
+                                   f"{data['shape']!r}")
         return cls(
             data["shape"],
             ranks=data.get("ranks"),

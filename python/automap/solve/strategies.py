@@ -136,7 +136,7 @@ def build_strategy_table(
 ) -> StrategyTable:
     """Strategies of every node of ``traced`` (a ``TracedGraph``) on ``mesh``,
     priced with ``profile`` (a ``Profile`` of the same graph)."""
-    opt_factor = OPTIMIZER_STATE_FACTOR[optimizer.lower()]
+    opt_factor = OPTIMIZER_STATE_FACTOR[optimizer.lower()] if optimizer else 0  # None: no state
     shard_count = ShardCounts(mesh)
     infos: dict[str, list[TensorInfo]] = {}
     needs_grad: dict[str, bool] = {}

@@ -68,6 +68,12 @@ pub struct Chain {
 /// tensors never overflow `u64`, nor `u128` products in slot rounding.
 const MAX_TOTAL_BYTES: u128 = 1 << 62;
 
+/// Largest (stages x total seconds of one forward and backward of every
+/// stage): a schedule recomputes each forward at most once per stage, so its
+/// time stays below this, far inside the f32 range of the solver's table
+/// (3.4e38), where infinity means "does not fit".
+const MAX_SCHEDULE_S: f64 = 1e30;
+
 impl Chain {
     /// `input_bytes` is `a_0` (the chain input, held by the caller until the
     /// backward of stage 0); `input_grad_bytes` is `δ_0` (0 when the input
@@ -121,6 +127,14 @@ impl Chain {
             .iter()
             .map(|&b| b as u128)
             .sum::<u128>();
+        }
+        let total_s: f64 = stages.iter().map(|s| s.fwd_s() + s.bwd_s()).sum();
+        if total_s * stages.len() as f64 > MAX_SCHEDULE_S {
+            return Err(RotorError::InvalidChain(format!(
+                "the stage times add up to {total_s:e} s over {} stages; the solver needs \
+                 stages x total <= {MAX_SCHEDULE_S:e} s",
+                stages.len()
+            )));
         }
         if total > MAX_TOTAL_BYTES {
             return Err(RotorError::InvalidChain(format!(

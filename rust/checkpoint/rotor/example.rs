@@ -1,11 +1,12 @@
 //! A reproducible transformer-like chain, shared by the benches and the tests.
 
-use super::{Chain, Stage};
+use super::{Chain, RotorError, Stage};
 
 /// A fixed pseudo-random chain of `len` stages (xorshift, no extra dependency) with the
 /// spread of a transformer-like network: activations of 8-64 MiB, saved sets
 /// 2-5x larger, milliseconds of compute, collectives on one stage in three.
-pub fn example_chain(len: usize) -> Chain {
+/// (`len` 0 is an error: a chain has at least one stage.)
+pub fn example_chain(len: usize) -> Result<Chain, RotorError> {
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ len as u64;
     let mut next = move |n: u64| {
         x ^= x << 13;
@@ -35,5 +36,5 @@ pub fn example_chain(len: usize) -> Chain {
             }
         })
         .collect();
-    Chain::new(stages, 32 * MIB, 0).unwrap()
+    Chain::new(stages, 32 * MIB, 0)
 }

@@ -157,9 +157,13 @@ pub(crate) fn solve_full(
         par_min_work,
     );
     let table_time_s = table.value(0, l - 1, mmax);
-    let m = table
-        .least_memory_for_best()
-        .expect("a feasible top cell has a non-empty row");
+    // A feasible top cell has a finite value (chain times are capped so that
+    // no schedule's time overflows the table's f32).
+    let Some(m) = table.least_memory_for_best() else {
+        return Err(RotorError::InvalidChain(
+            "the checkpoint table has no finite entry for the whole chain".into(),
+        ));
+    };
 
     let mut rec = Recovered {
         ops: Vec::with_capacity(4 * l),
@@ -172,8 +176,7 @@ pub(crate) fn solve_full(
         claimed_peak: claimed_peak_slots,
     } = rec;
 
-    let measured =
-        replay(&Sizes::bytes(chain), &fwd_s, &bwd_s, &ops).expect("a recovered schedule is valid");
+    let measured = replay(&Sizes::bytes(chain), &fwd_s, &bwd_s, &ops)?;
     debug_assert!(measured.peak_memory_bytes <= budget_bytes);
     Ok(Solved {
         schedule: Schedule {

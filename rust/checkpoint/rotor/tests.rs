@@ -438,7 +438,7 @@ fn larger_chain_solves_with_threads() {
 /// The chain of `benches/rotor.rs`, with a budget 2/5 of the way from the
 /// least feasible to the store-everything peak.
 fn bench_chain(len: usize) -> (Chain, u64) {
-    let chain = super::example_chain(len);
+    let chain = super::example_chain(len).unwrap();
     let max = simulate(&chain, &store_all_ops(len))
         .unwrap()
         .peak_memory_bytes;

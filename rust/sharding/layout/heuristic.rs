@@ -6,6 +6,7 @@
 //! pay a step penalty.
 
 use super::moves::{LayoutPath, LayoutProblem, LayoutStep};
+use crate::error::{AutomapError, Result};
 use crate::sharding::spec::{AxisList, ShardingSpec};
 
 const ALL_GATHER_WEIGHT: u32 = 2;
@@ -35,7 +36,11 @@ pub fn spec_difference(src: &ShardingSpec, dst: &ShardingSpec) -> u32 {
 }
 
 /// The greedy path from `src` to `dst` (both valid for `problem`).
-pub fn heuristic_path(problem: &LayoutProblem, src: ShardingSpec, dst: ShardingSpec) -> LayoutPath {
+pub fn heuristic_path(
+    problem: &LayoutProblem,
+    src: ShardingSpec,
+    dst: ShardingSpec,
+) -> Result<LayoutPath> {
     let mut steps: Vec<LayoutStep> = Vec::new();
     let mut visited = vec![src.key()];
     let mut at = src;
@@ -54,9 +59,9 @@ pub fn heuristic_path(problem: &LayoutProblem, src: ShardingSpec, dst: ShardingS
         steps.push(*best);
     }
     if at != dst {
-        steps.extend(gather_then_shard(problem, at, dst));
+        steps.extend(gather_then_shard(problem, at, dst)?);
     }
-    LayoutPath::from_steps(src, dst, steps)
+    Ok(LayoutPath::from_steps(src, dst, steps))
 }
 
 /// Dimension-by-dimension conversion: gather every axis that is not in a
@@ -65,19 +70,24 @@ fn gather_then_shard(
     problem: &LayoutProblem,
     src: ShardingSpec,
     dst: ShardingSpec,
-) -> Vec<LayoutStep> {
+) -> Result<Vec<LayoutStep>> {
     let mut steps = Vec::new();
     let mut at = src;
     let mut moves = Vec::new();
+    // Gathers are always legal, and so are the shards towards a valid target.
     let mut take = |at: &mut ShardingSpec, pick: &dyn Fn(&LayoutStep) -> bool| {
         moves.clear();
         problem.moves(at, &mut moves);
-        let step = *moves
-            .iter()
-            .find(|m| pick(m))
-            .expect("gather-then-shard moves are always legal");
+        let Some(&step) = moves.iter().find(|m| pick(m)) else {
+            return Err(AutomapError::InvalidSpec(format!(
+                "no one-step move from {at} towards {dst}: {dst} is not a valid spec of a tensor \
+                 of shape {:?}",
+                problem.shape()
+            )));
+        };
         *at = step.after;
         steps.push(step);
+        Ok(())
     };
     for d in 0..src.rank() {
         loop {
@@ -93,7 +103,7 @@ fn gather_then_shard(
             }
             take(&mut at, &|m| {
                 m.kind == super::StepKind::AllGather && m.dim == d
-            });
+            })?;
         }
     }
     for d in 0..src.rank() {
@@ -101,10 +111,10 @@ fn gather_then_shard(
             let axis = dst.dim_axes(d).as_slice()[at.dim_axes(d).len()] as usize;
             take(&mut at, &|m| {
                 m.kind == super::StepKind::Shard && m.dim == d && m.axis == axis
-            });
+            })?;
         }
     }
-    steps
+    Ok(steps)
 }
 
 #[cfg(test)]
@@ -122,18 +132,18 @@ mod tests {
             vec![1e11, 1e10, 1e9],
         )
         .unwrap();
-        let p = LayoutProblem::new(&m, &[8, 8, 4], 2);
+        let p = LayoutProblem::new(&m, &[8, 8, 4], 2).unwrap();
         let specs = crate::sharding::layout::search::tests::all_specs(&p);
         for &src in &specs {
             for &dst in &specs {
-                let h = heuristic_path(&p, src, dst);
+                let h = heuristic_path(&p, src, dst).unwrap();
                 let mut at = src;
                 for s in &h.steps {
                     assert_eq!(s.before, at);
                     at = s.after;
                 }
                 assert_eq!(at, dst, "{src} -> {dst}");
-                let o = optimal_path(&p, src, dst);
+                let o = optimal_path(&p, src, dst).unwrap();
                 assert!(o.cost_s() <= h.cost_s() * (1.0 + 1e-12), "{src} -> {dst}");
             }
         }

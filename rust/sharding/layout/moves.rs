@@ -11,9 +11,9 @@
 //! | shard (append free axis to d)     | split (free)                 | all-gather, output `b` |
 //! | all-to-all (last axis d1 -> d2)   | all-to-all of `b`            | all-to-all of `b`      |
 
-use crate::error::Result;
+use crate::error::{checked_product, invalid_argument, limit_exceeded, Result};
 use crate::sharding::mesh::{ring_cost_s, Collective, DeviceMesh};
-use crate::sharding::spec::ShardingSpec;
+use crate::sharding::spec::{ShardingSpec, MAX_TENSOR_RANK};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StepKind {
@@ -64,8 +64,9 @@ pub struct LayoutPath {
 
 impl LayoutPath {
     pub fn from_steps(src: ShardingSpec, dst: ShardingSpec, steps: Vec<LayoutStep>) -> LayoutPath {
-        let forward_cost_s = steps.iter().map(|s| s.forward_cost_s).sum();
-        let backward_cost_s = steps.iter().map(|s| s.backward_cost_s).sum();
+        // Folded from +0.0: an empty f64 sum is -0.0, which prints as "-0".
+        let forward_cost_s = steps.iter().fold(0.0, |t, s| t + s.forward_cost_s);
+        let backward_cost_s = steps.iter().fold(0.0, |t, s| t + s.backward_cost_s);
         LayoutPath {
             src,
             dst,
@@ -92,16 +93,39 @@ pub struct LayoutProblem {
     pub(crate) total_bytes: f64,
 }
 
+/// Largest element size in bytes (complex128).
+pub const MAX_DTYPE_BYTES: usize = 16;
+
 impl LayoutProblem {
-    pub fn new(mesh: &DeviceMesh, shape: &[usize], dtype_bytes: usize) -> LayoutProblem {
-        LayoutProblem {
+    /// The conversions of a tensor of global `shape` with `dtype_bytes`-byte
+    /// elements on `mesh`. Refuses a rank no spec can describe, an element size
+    /// outside 1..=16 and a tensor whose byte count does not fit 64 bits.
+    pub fn new(mesh: &DeviceMesh, shape: &[usize], dtype_bytes: usize) -> Result<LayoutProblem> {
+        if shape.len() > MAX_TENSOR_RANK {
+            return invalid_argument(format!(
+                "shape {shape:?} has {} dims; a sharding spec describes at most {MAX_TENSOR_RANK}",
+                shape.len()
+            ));
+        }
+        if !(1..=MAX_DTYPE_BYTES).contains(&dtype_bytes) {
+            return invalid_argument(format!(
+                "dtype_bytes must be 1 to {MAX_DTYPE_BYTES} (bytes per element), got {dtype_bytes}"
+            ));
+        }
+        let Some(total) = checked_product(shape.iter().copied().chain([dtype_bytes])) else {
+            return limit_exceeded(format!(
+                "a tensor of shape {shape:?} with {dtype_bytes}-byte elements holds more than \
+                 2^64 bytes"
+            ));
+        };
+        Ok(LayoutProblem {
             mesh_shape: mesh.shape().to_vec(),
             alpha_s: mesh.alpha_s().to_vec(),
             bandwidth_bytes_per_s: mesh.bandwidth_bytes_per_s().to_vec(),
             shape: shape.to_vec(),
             dtype_bytes,
-            total_bytes: (shape.iter().product::<usize>() * dtype_bytes) as f64,
-        }
+            total_bytes: total as f64,
+        })
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -146,7 +170,7 @@ impl LayoutProblem {
     /// All valid one-step transforms of `spec`, appended to `out`.
     pub fn moves(&self, spec: &ShardingSpec, out: &mut Vec<LayoutStep>) {
         let rank = self.shape.len();
-        let mut local = [0usize; crate::sharding::spec::MAX_TENSOR_RANK];
+        let mut local = [0usize; MAX_TENSOR_RANK];
         self.local_dims(spec, &mut local);
         let b = self.local_bytes(spec);
         let used = spec.used_axes_mask();

@@ -9,7 +9,12 @@ use std::collections::BinaryHeap;
 use rustc_hash::FxHashMap;
 
 use super::moves::{LayoutPath, LayoutProblem, LayoutStep};
+use crate::error::{limit_exceeded, AutomapError, Result};
 use crate::sharding::spec::ShardingSpec;
+
+/// Most specs one search may visit (about 100 MB of bookkeeping); past it the
+/// search stops with a typed error instead of running for minutes.
+pub const MAX_SEARCH_STATES: usize = 1_000_000;
 
 /// Path cost, ordered by seconds then by step count.
 #[derive(Clone, Copy, PartialEq)]
@@ -54,24 +59,28 @@ struct Visit {
 }
 
 /// The cheapest path from `src` to `dst` (both must be valid for `problem`).
-pub fn optimal_path(problem: &LayoutProblem, src: ShardingSpec, dst: ShardingSpec) -> LayoutPath {
+pub fn optimal_path(
+    problem: &LayoutProblem,
+    src: ShardingSpec,
+    dst: ShardingSpec,
+) -> Result<LayoutPath> {
     if src == dst {
-        return LayoutPath::from_steps(src, dst, Vec::new());
+        return Ok(LayoutPath::from_steps(src, dst, Vec::new()));
     }
     let visits = best_first(problem, src, &[dst], |spec| {
         problem.lower_bound_s(spec, &dst)
-    });
+    })?;
     rebuild(&visits, src, dst)
 }
 
 /// The cheapest paths from `src` to each of `targets`: one Dijkstra that stops
-/// once every target is settled (for cost matrices: one search per row).
+/// once every target is settled (for cost matrices over small spec spaces).
 pub fn optimal_paths_from(
     problem: &LayoutProblem,
     src: ShardingSpec,
     targets: &[ShardingSpec],
-) -> Vec<LayoutPath> {
-    let visits = best_first(problem, src, targets, |_| 0.0);
+) -> Result<Vec<LayoutPath>> {
+    let visits = best_first(problem, src, targets, |_| 0.0)?;
     targets
         .iter()
         .map(|&dst| rebuild(&visits, src, dst))
@@ -85,7 +94,7 @@ fn best_first(
     src: ShardingSpec,
     targets: &[ShardingSpec],
     bound: impl Fn(&ShardingSpec) -> f64,
-) -> FxHashMap<u64, Visit> {
+) -> Result<FxHashMap<u64, Visit>> {
     let mut visits: FxHashMap<u64, Visit> = FxHashMap::default();
     visits.reserve(64);
     let mut heap = BinaryHeap::with_capacity(64);
@@ -110,7 +119,9 @@ fn best_first(
     let mut open_targets = targets.len();
 
     while let Some(Frontier { key, .. }) = heap.pop() {
-        let visit = visits.get_mut(&key).expect("frontier entries are visited");
+        let Some(visit) = visits.get_mut(&key) else {
+            continue; // every pushed key was inserted first
+        };
         if visit.closed {
             continue;
         }
@@ -119,8 +130,17 @@ fn best_first(
         if targets.iter().any(|t| t.key() == key) {
             open_targets -= 1;
             if open_targets == 0 {
-                return visits;
+                return Ok(visits);
             }
+        }
+        if visits.len() > MAX_SEARCH_STATES {
+            return limit_exceeded(format!(
+                "the layout search for a tensor of shape {:?} on a mesh of shape {:?} visited \
+                 more than {MAX_SEARCH_STATES} specs (the cap); use a mesh with fewer axes of \
+                 size > 1",
+                problem.shape(),
+                problem.mesh_shape
+            ));
         }
         moves.clear();
         problem.moves(&spec, &mut moves);
@@ -155,22 +175,37 @@ fn best_first(
             }
         }
     }
-    assert_eq!(
-        open_targets, 0,
-        "every valid spec reaches every other valid spec of a tensor"
-    );
-    visits
+    // Every valid spec reaches every other (gather all, then shard).
+    Err(unreachable_target(problem, src))
 }
 
-fn rebuild(visits: &FxHashMap<u64, Visit>, src: ShardingSpec, dst: ShardingSpec) -> LayoutPath {
+fn unreachable_target(problem: &LayoutProblem, src: ShardingSpec) -> AutomapError {
+    AutomapError::InvalidSpec(format!(
+        "no conversion from {src} reaches the target on a tensor of shape {:?}: the target is \
+         not a valid spec of this tensor and mesh",
+        problem.shape()
+    ))
+}
+
+fn rebuild(
+    visits: &FxHashMap<u64, Visit>,
+    src: ShardingSpec,
+    dst: ShardingSpec,
+) -> Result<LayoutPath> {
     let mut steps = Vec::new();
     let mut key = dst.key();
-    while let Some(step) = visits[&key].via {
+    loop {
+        let Some(visit) = visits.get(&key) else {
+            return Err(AutomapError::InvalidSpec(format!(
+                "no conversion from {src} to {dst} was found"
+            )));
+        };
+        let Some(step) = visit.via else { break };
         steps.push(step);
         key = step.before.key();
     }
     steps.reverse();
-    LayoutPath::from_steps(src, dst, steps)
+    Ok(LayoutPath::from_steps(src, dst, steps))
 }
 
 #[cfg(test)]
@@ -187,11 +222,11 @@ pub(crate) mod tests {
             (0..mesh.len()).map(|a| 1e9 / (a + 1) as f64).collect(),
         )
         .unwrap();
-        LayoutProblem::new(&m, shape, 4)
+        LayoutProblem::new(&m, shape, 4).unwrap()
     }
 
     pub(crate) fn all_specs(p: &LayoutProblem) -> Vec<ShardingSpec> {
-        crate::sharding::enumerate::enumerate_specs(&p.shape, &p.mesh_shape)
+        crate::sharding::enumerate::enumerate_specs(&p.shape, &p.mesh_shape).unwrap()
     }
 
     /// Plain Dijkstra without the bound, from one source to every spec.
@@ -229,7 +264,7 @@ pub(crate) mod tests {
             for &src in &specs {
                 let dist = dijkstra_all(&p, src, &specs);
                 for (j, &dst) in specs.iter().enumerate() {
-                    let path = optimal_path(&p, src, dst);
+                    let path = optimal_path(&p, src, dst).unwrap();
                     assert!(
                         (path.cost_s() - dist[j]).abs() <= 1e-12 * dist[j].max(1e-9),
                         "{src} -> {dst}"
@@ -251,9 +286,9 @@ pub(crate) mod tests {
         let p = problem(&[2, 2, 2], &[8, 4, 2]);
         let specs = all_specs(&p);
         for &src in specs.iter().step_by(7) {
-            let many = optimal_paths_from(&p, src, &specs);
+            let many = optimal_paths_from(&p, src, &specs).unwrap();
             for (path, &dst) in many.iter().zip(&specs) {
-                let single = optimal_path(&p, src, dst);
+                let single = optimal_path(&p, src, dst).unwrap();
                 assert_eq!(path.dst, dst);
                 assert!(
                     (path.cost_s() - single.cost_s()).abs() <= 1e-12 * single.cost_s().max(1e-9)
@@ -270,7 +305,8 @@ pub(crate) mod tests {
             &p,
             ShardingSpec::parse("S0R").unwrap(),
             ShardingSpec::parse("RS0").unwrap(),
-        );
+        )
+        .unwrap();
         assert_eq!(path.steps.len(), 1);
         assert_eq!(path.steps[0].kind, StepKind::AllToAll);
     }

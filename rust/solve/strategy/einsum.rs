@@ -12,10 +12,15 @@
 //!   a column-parallel layer): the backward all-reduces it. An additive input
 //!   (a bias) lacks contracted letters without its gradient being partial.
 
+use crate::error::{invalid_argument, limit_exceeded, Result};
 use crate::sharding::mesh::{group_cost_s, Collective};
-use crate::sharding::spec::ShardingSpec;
+use crate::sharding::spec::{ShardingSpec, MAX_TENSOR_RANK};
 
 use super::Strategy;
+
+/// Most strategies one node may have: the assignments of mesh axes to letters
+/// grow like (letters + axes)^axes, so an 8-axis mesh can yield millions.
+pub const MAX_STRATEGIES: usize = 100_000;
 
 /// A node in letter form. Letters are indices into `letter_sizes`.
 #[derive(Debug, Clone)]
@@ -63,22 +68,58 @@ impl CostModel {
 }
 
 impl EinsumSignature {
-    fn check(&self) -> Result<(), String> {
+    fn check(&self, cost: &CostModel) -> Result<()> {
         let n = self.letter_sizes.len();
         if self.unshardable.len() != n {
-            return Err("unshardable must have one entry per letter".into());
+            return invalid_argument(format!(
+                "unshardable has {} entries; it needs one per letter ({n})",
+                self.unshardable.len()
+            ));
         }
         if self.input_bytes.len() != self.inputs.len()
             || self.input_needs_grad.len() != self.inputs.len()
             || self.input_additive.len() != self.inputs.len()
             || self.output_bytes.len() != self.outputs.len()
         {
-            return Err("byte sizes and grad flags must match the operands".into());
+            return invalid_argument(
+                "input_bytes, input_needs_grad and input_additive need one entry per input, \
+                 output_bytes one per output",
+            );
         }
         for operand in self.inputs.iter().chain(&self.outputs) {
             if let Some(&l) = operand.iter().find(|&&l| l >= n) {
-                return Err(format!("letter {l} is out of range ({n} letters)"));
+                return invalid_argument(format!("letter {l} is out of range ({n} letters)"));
             }
+            if operand.len() > MAX_TENSOR_RANK {
+                return invalid_argument(format!(
+                    "an operand has {} dims; a sharding spec describes at most {MAX_TENSOR_RANK}",
+                    operand.len()
+                ));
+            }
+        }
+        let finite = |what: &str, x: f64| -> Result<()> {
+            if x.is_finite() && x >= 0.0 {
+                Ok(())
+            } else {
+                invalid_argument(format!("{what} must be finite and >= 0, got {x}"))
+            }
+        };
+        finite("flops", self.flops)?;
+        for &b in self.input_bytes.iter().chain(&self.output_bytes) {
+            finite("operand bytes", b)?;
+        }
+        if !(cost.flops_per_s.is_finite() && cost.flops_per_s > 0.0) {
+            return invalid_argument(format!(
+                "flops_per_s must be finite and > 0, got {}",
+                cost.flops_per_s
+            ));
+        }
+        let axes = cost.mesh_shape.len();
+        if cost.alpha_s.len() != axes
+            || cost.bandwidth_bytes_per_s.len() != axes
+            || cost.mesh_shape.contains(&0)
+        {
+            return invalid_argument("the cost model needs a valid mesh");
         }
         Ok(())
     }
@@ -108,9 +149,9 @@ impl EinsumSignature {
     }
 }
 
-/// Every valid strategy of `sig` on the cost model's mesh.
-pub fn einsum_strategies(sig: &EinsumSignature, cost: &CostModel) -> Result<Vec<Strategy>, String> {
-    sig.check()?;
+/// Every valid strategy of `sig` on the cost model's mesh (at most `MAX_STRATEGIES`).
+pub fn einsum_strategies(sig: &EinsumSignature, cost: &CostModel) -> Result<Vec<Strategy>> {
+    sig.check(cost)?;
     let splittable = sig.splittable();
     let contracted = sig.contracted();
     // Axes of size 1 split nothing: leave them out so strategies are distinct.
@@ -126,7 +167,7 @@ pub fn einsum_strategies(sig: &EinsumSignature, cost: &CostModel) -> Result<Vec<
     };
     let mut per_letter: Vec<Vec<usize>> = vec![Vec::new(); sig.letter_sizes.len()];
     let mut out = Vec::new();
-    walk.assign(0, &mut per_letter, &mut out);
+    walk.assign(0, &mut per_letter, &mut out)?;
     Ok(out)
 }
 
@@ -142,34 +183,50 @@ struct Walk<'a> {
 impl Walk<'_> {
     /// Give axis `next` (and recursively the rest) to no letter or to a letter,
     /// at any position among the axes the letter already has; price each result.
-    fn assign(&self, next: usize, per_letter: &mut Vec<Vec<usize>>, out: &mut Vec<Strategy>) {
+    fn assign(
+        &self,
+        next: usize,
+        per_letter: &mut Vec<Vec<usize>>,
+        out: &mut Vec<Strategy>,
+    ) -> Result<()> {
         if next == self.axes.len() {
-            price(self.sig, self.cost, self.contracted, per_letter, out);
-            return;
+            if out.len() >= MAX_STRATEGIES {
+                return limit_exceeded(format!(
+                    "a node has more than {MAX_STRATEGIES} sharding strategies on a mesh of \
+                     shape {:?} (the cap); use a mesh with fewer axes of size > 1",
+                    self.cost.mesh_shape
+                ));
+            }
+            return price(self.sig, self.cost, self.contracted, per_letter, out);
         }
         let axis = self.axes[next];
         let n = self.cost.mesh_shape[axis];
-        self.assign(next + 1, per_letter, out);
+        self.assign(next + 1, per_letter, out)?;
         for l in 0..self.sig.letter_sizes.len() {
-            let parts: usize = per_letter[l]
+            // A product past usize divides no letter size.
+            let parts = per_letter[l]
                 .iter()
-                .map(|&a| self.cost.mesh_shape[a])
-                .product();
-            if !self.splittable[l] || !self.sig.letter_sizes[l].is_multiple_of(parts * n) {
+                .try_fold(n, |acc, &a| acc.checked_mul(self.cost.mesh_shape[a]));
+            let divides = parts.is_some_and(|p| self.sig.letter_sizes[l].is_multiple_of(p));
+            if !self.splittable[l] || !divides {
                 continue;
             }
             for pos in 0..=per_letter[l].len() {
                 per_letter[l].insert(pos, axis);
-                self.assign(next + 1, per_letter, out);
+                self.assign(next + 1, per_letter, out)?;
                 per_letter[l].remove(pos);
             }
         }
+        Ok(())
     }
 }
 
-fn spec_of(operand: &[usize], per_letter: &[Vec<usize>]) -> ShardingSpec {
+/// The spec of an operand; an axis sits on one letter, but a letter that
+/// appears twice in one operand (a diagonal) would name it twice: those
+/// letters are never split (`splittable`), and `from_dims` says so if one is.
+fn spec_of(operand: &[usize], per_letter: &[Vec<usize>]) -> Result<ShardingSpec> {
     let dims: Vec<&[usize]> = operand.iter().map(|&l| per_letter[l].as_slice()).collect();
-    ShardingSpec::from_dims(&dims).expect("each axis sits on one letter")
+    ShardingSpec::from_dims(&dims)
 }
 
 fn shard_count(operand: &[usize], per_letter: &[Vec<usize>], mesh_shape: &[usize]) -> f64 {
@@ -186,7 +243,7 @@ fn price(
     contracted: &[bool],
     per_letter: &[Vec<usize>],
     out: &mut Vec<Strategy>,
-) {
+) -> Result<()> {
     let mesh = &cost.mesh_shape;
     let all_assigned: f64 = per_letter
         .iter()
@@ -206,12 +263,12 @@ fn price(
         .inputs
         .iter()
         .map(|op| spec_of(op, per_letter))
-        .collect();
+        .collect::<Result<_>>()?;
     let outputs: Vec<ShardingSpec> = sig
         .outputs
         .iter()
         .map(|op| spec_of(op, per_letter))
-        .collect();
+        .collect::<Result<_>>()?;
     // Input gradients partial over the axes of letters the input lacks.
     let mut backward_comm_s = 0.0;
     let mut grad_reduce_axes = Vec::with_capacity(sig.inputs.len());
@@ -254,10 +311,12 @@ fn price(
     });
     // Or reduce-scattered onto one dim of a single output (its dual, an
     // all-gather of the output gradient, runs in the backward).
-    if partial.is_empty() || sig.outputs.len() != 1 {
-        return;
+    let [out_op] = sig.outputs.as_slice() else {
+        return Ok(());
+    };
+    if partial.is_empty() {
+        return Ok(());
     }
-    let out_op = &sig.outputs[0];
     let scatter = cost.collective_s(Collective::ReduceScatter, output_local[0], &partial);
     let gather_grad = cost.collective_s(Collective::AllGather, output_local[0], &partial);
     let extra: usize = partial.iter().map(|&a| mesh[a]).product();
@@ -265,14 +324,16 @@ fn price(
         if sig.unshardable[l] || out_op[..d].contains(&l) {
             continue;
         }
-        let parts: usize = per_letter[l].iter().map(|&a| mesh[a]).product();
-        if !sig.letter_sizes[l].is_multiple_of(parts * extra) {
+        let parts = per_letter[l]
+            .iter()
+            .try_fold(extra, |acc, &a| acc.checked_mul(mesh[a]));
+        if !parts.is_some_and(|p| sig.letter_sizes[l].is_multiple_of(p)) {
             continue;
         }
         let mut dims: Vec<Vec<usize>> = out_op.iter().map(|&x| per_letter[x].clone()).collect();
         dims[d].extend(&partial);
-        let scattered =
-            ShardingSpec::from_dims(&dims).expect("partial axes are free in the output");
+        // The partial axes sit on contracted letters, so they are free in the output.
+        let scattered = ShardingSpec::from_dims(&dims)?;
         // An additive input (a bias) joins after the reduce-scatter: where it
         // lacks the scattered letter, its gradient sums a split output gradient.
         let mut grads = grad_reduce_axes.clone();
@@ -296,6 +357,7 @@ fn price(
             grad_reduce_axes: grads,
         });
     }
+    Ok(())
 }
 
 #[cfg(test)]

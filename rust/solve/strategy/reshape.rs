@@ -3,6 +3,7 @@
 //! match; in each group only the major (first non-unit) dim can carry a
 //! shard, on both sides, with the same axes, when both sizes divide.
 
+use crate::error::{invalid_argument, Result};
 use crate::sharding::enumerate::enumerate_specs;
 use crate::sharding::spec::ShardingSpec;
 
@@ -15,15 +16,15 @@ fn groups(input: &[usize], output: &[usize]) -> Option<Vec<(Vec<usize>, Vec<usiz
         let (mut pi, mut po) = (1usize, 1usize);
         loop {
             if pi <= po && i < input.len() && (gi.is_empty() || pi < po || go.is_empty()) {
-                pi *= input[i];
+                pi = pi.checked_mul(input[i])?;
                 gi.push(i);
                 i += 1;
             } else if o < output.len() {
-                po *= output[o];
+                po = po.checked_mul(output[o])?;
                 go.push(o);
                 o += 1;
             } else if i < input.len() {
-                pi *= input[i];
+                pi = pi.checked_mul(input[i])?;
                 gi.push(i);
                 i += 1;
             } else {
@@ -55,12 +56,15 @@ pub fn reshape_strategies(
     input: &[usize],
     output: &[usize],
     mesh_shape: &[usize],
-) -> Result<Vec<(ShardingSpec, ShardingSpec)>, String> {
-    let groups = groups(input, output).ok_or_else(|| {
-        format!("cannot view a tensor of shape {input:?} as {output:?}: the sizes differ")
-    })?;
+) -> Result<Vec<(ShardingSpec, ShardingSpec)>> {
+    let Some(groups) = groups(input, output) else {
+        return invalid_argument(format!(
+            "cannot view a tensor of shape {input:?} as {output:?}: the element counts differ \
+             (or overflow)"
+        ));
+    };
     let mut pairs = Vec::new();
-    'spec: for spec in enumerate_specs(input, mesh_shape) {
+    'spec: for spec in enumerate_specs(input, mesh_shape)? {
         let mut out_dims: Vec<Vec<usize>> = vec![Vec::new(); output.len()];
         for (gi, go) in &groups {
             let major_in = gi.iter().copied().find(|&d| input[d] != 1);
@@ -82,7 +86,7 @@ pub fn reshape_strategies(
                 }
             }
         }
-        let out_spec = ShardingSpec::from_dims(&out_dims).map_err(|e| e.to_string())?;
+        let out_spec = ShardingSpec::from_dims(&out_dims)?;
         pairs.push((spec, out_spec));
     }
     Ok(pairs)

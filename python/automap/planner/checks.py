@@ -1,0 +1,90 @@
+"""Argument checks of the planning entry points (``automap.plan``,
+``plan_traced``, ``autoparallelize``): each bad value is an
+``InvalidArgumentError`` naming the argument, the value and what is allowed,
+raised before any tracing or solving. ``check_costs`` refuses link and FLOP
+figures whose prices leave the range the ILP solver works in."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from automap.errors import InvalidArgumentError
+from automap.trace.optimizer_names import OPTIMIZER_NAMES
+
+#: Largest memory budget (4 EiB): the checkpointing DP counts bytes in 64 bits.
+MAX_BUDGET_BYTES = 2.0**62
+#: Device FLOP/s a plan may assume: a kiloFLOP/s to a zettaFLOP/s.
+MIN_FLOPS_PER_S, MAX_FLOPS_PER_S = 1e3, 1e21
+#: Longest time one strategy of one node may take: beyond it (11.6 days for one
+#: op of one step) the figures are wrong, and the ILP's costs (microseconds)
+#: would leave the range where HiGHS's tolerances mean anything.
+MAX_NODE_S = 1e6
+
+
+def _number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_budget(value, name: str = "memory_budget_bytes") -> float | None:
+    """None (no limit) or bytes per device: finite, > 0 and at most 2^62."""
+    if value is None:
+        return None
+    if not _number(value) or not math.isfinite(value) or not 0 < value <= MAX_BUDGET_BYTES:
+        raise InvalidArgumentError(
+            f"{name} must be None (no limit) or a number of bytes > 0 and at most 2^62, got "
+            f"{value!r}")
+    return float(value)
+
+
+def check_flops(value) -> float | None:
+    """None (the default) or a device's sustained FLOP/s."""
+    if value is None:
+        return None
+    if not _number(value) or not (math.isfinite(value)
+                                  and MIN_FLOPS_PER_S <= value <= MAX_FLOPS_PER_S):
+        raise InvalidArgumentError(
+            f"flops_per_s must be a device's sustained FLOP/s, from {MIN_FLOPS_PER_S:g} to "
+            f"{MAX_FLOPS_PER_S:g}, got {value!r}")
+    return float(value)
+
+
+def check_time_limit(value) -> float:
+    if not _number(value) or not math.isfinite(value) or value <= 0:
+        raise InvalidArgumentError(f"time_limit_s must be a finite number of seconds > 0, got "
+                                   f"{value!r}")
+    return float(value)
+
+
+def check_optimizer(value) -> str | None:
+    """An optimizer name the planner knows the state of, or None (no optimizer state)."""
+    if value is None or (isinstance(value, str) and value in OPTIMIZER_NAMES):
+        return value
+    raise InvalidArgumentError(f"optimizer must be one of {list(OPTIMIZER_NAMES)} or None (no "
+                               f"optimizer state), got {value!r}")
+
+
+def check_choice(value, name: str, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise InvalidArgumentError(f"{name} must be one of {list(choices)}, got {value!r}")
+    return value
+
+
+def check_costs(table, mesh, flops_per_s: float) -> None:
+    """Refuse a strategy table whose slowest node takes more than ``MAX_NODE_S``
+    (or whose prices are not finite): the link or FLOP figures are out of range."""
+    worst, where = 0.0, None
+    for name, node in table.nodes.items():
+        times = np.asarray(node.time_s, dtype=np.float64)
+        if times.size == 0:
+            continue
+        top = float(np.max(times)) if np.all(np.isfinite(times)) else math.inf
+        if top > worst:
+            worst, where = top, name
+    if worst > MAX_NODE_S:
+        raise InvalidArgumentError(
+            f"node {where} would take {worst:.3g} s per step (more than {MAX_NODE_S:g} s) at "
+            f"flops_per_s={flops_per_s:g} and the mesh's links (alpha_s={list(mesh.alpha_s)}, "
+            f"bandwidth_bytes_per_s={list(mesh.bandwidth_bytes_per_s)}); check these figures")
