@@ -4,11 +4,13 @@ PyTorch training. See the README for the one-line API."""
 from automap.api import apply, autoparallelize
 from automap.cluster.cluster import Cluster, Device
 from automap.cluster.detect import detect_cluster
+from automap.cluster.device import DeviceProfile
 from automap.errors import (
     AutomapError,
     InfeasibleBudgetError,
     InfeasiblePlanError,
     InvalidChainError,
+    InvalidCostModelError,
     InvalidMeshError,
     InvalidSpecError,
     SolverTimeLimitError,
@@ -37,10 +39,12 @@ __all__ = [
     "AutomapError",
     "Cluster",
     "Device",
+    "DeviceProfile",
     "DeviceMesh",
     "InfeasibleBudgetError",
     "InfeasiblePlanError",
     "InvalidChainError",
+    "InvalidCostModelError",
     "InvalidMeshError",
     "InvalidSpecError",
     "LayoutPath",

@@ -40,7 +40,9 @@ def autoparallelize(
     default_loss``), replicated. Rank ``mesh.ranks[0]`` solves the plan and sends
     it to the others. ``plan_options`` go to ``automap.plan`` (e.g. ``flops_per_s``,
     ``checkpointing``: within a budget the plan may checkpoint activations, which the
-    module then recomputes in nested ``torch.utils.checkpoint`` regions).
+    module then recomputes in nested ``torch.utils.checkpoint`` regions). The device's
+    speeds not given there nor measured in the cluster are measured by every rank at
+    once, as they will compute in training.
     """
     from automap.planner.search import candidate_meshes, plan_best
     from automap.trace.profiling import profile_traced
@@ -50,22 +52,22 @@ def autoparallelize(
     elif mesh is None:
         mesh = _mesh_for_world(None)
     world = _world_size()
-    meshes, cluster_flops = candidate_meshes(mesh, size=world)
+    meshes, known = candidate_meshes(mesh, size=world)
     device = _device(device)
     if memory_budget_bytes is None and device.type == "cuda":
         memory_budget_bytes = torch.cuda.get_device_properties(device).total_memory
-    if cluster_flops and "flops_per_s" not in plan_options:
-        plan_options["flops_per_s"] = cluster_flops
 
     traced = _trace(model, example_inputs, loss_fn)
     if plan is None:
+        speeds = _device_speeds(plan_options, known, device, traced)
         for candidate in meshes:
             _mesh_for_world(candidate)  # each must match the world before anyone plans
         leader = meshes[0].ranks[0]
         payload = [None]
         if dist.get_rank() == leader:
             found = plan_best(traced, profile_traced(traced, optimizer), meshes,
-                              memory_budget_bytes, optimizer=optimizer, **plan_options)
+                              memory_budget_bytes, optimizer=optimizer, device=speeds,
+                              **plan_options)
             found.inputs = describe_inputs(example_inputs)
             payload = [found.to_dict()]
         dist.broadcast_object_list(payload, src=leader)
@@ -85,6 +87,21 @@ def apply(plan: Plan, model: nn.Module, example_inputs: Any = None, *, loss_fn=N
         example_inputs = stand_in_inputs(plan.inputs, _model_device(model))
     traced = _trace(model, example_inputs, loss_fn)
     return _generate(traced, plan, model, mesh, _device(device), local_inputs, seed)
+
+
+def _device_speeds(plan_options: dict, known, device: torch.device, traced):
+    """The ``DeviceProfile`` to plan with (collective): the speeds in
+    ``plan_options`` (taken out of them), else the cluster's, else measured
+    on every rank at once (the first time in this process group)."""
+    from automap.cluster.device import FIELDS, measure_concurrently, resolve_device_profile
+    from automap.planner.search import parameter_dtype
+
+    given = {name: plan_options.pop(name, None) for name in FIELDS}
+    known = dict(known or {})
+    if any(given[n] is None and known.get(n) is None for n in FIELDS):
+        measured = measure_concurrently(device, parameter_dtype(traced), cached=True)
+        known = {n: known.get(n) or getattr(measured, n) for n in FIELDS}
+    return resolve_device_profile(**given, known=known)
 
 
 def _model_device(model: nn.Module) -> torch.device:

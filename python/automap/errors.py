@@ -53,3 +53,8 @@ class StalePlanError(AutomapError):
 
 #: The name the solver issue uses for the same condition.
 InfeasiblePlanError = InfeasibleBudgetError
+
+
+class InvalidCostModelError(AutomapError, ValueError):
+    """A device speed (FLOP/s, memory bandwidth, per-kernel overhead) that is
+    not a finite number > 0."""

@@ -48,7 +48,12 @@ def register(subparsers: Any) -> None:
                    help="link latency per mesh axis in seconds, comma-separated")
     p.add_argument("--bandwidth", type=_floats, default=None,
                    help="link bandwidth per mesh axis in bytes/s, comma-separated")
-    p.add_argument("--flops", type=float, default=None, help="sustained FLOP/s per device")
+    p.add_argument("--flops", type=float, default=None,
+                   help="sustained FLOP/s per device (default: measured on this machine)")
+    p.add_argument("--memory-bandwidth", type=float, default=None,
+                   help="memory bandwidth per device in bytes/s (default: measured)")
+    p.add_argument("--op-overhead", type=float, default=None,
+                   help="fixed seconds per kernel launch (default: measured)")
     p.add_argument("--optimizer", default="adamw", choices=["sgd", "sgd_momentum", "adam",
                                                             "adamw"])
     p.add_argument("--time-limit", type=float, default=60.0, help="solver limit, seconds")
@@ -65,7 +70,7 @@ def register(subparsers: Any) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from automap.planner.search import DEFAULT_FLOPS_PER_S, plan
+    from automap.planner.search import plan
     from automap.sharding.mesh import DeviceMesh
 
     try:
@@ -78,7 +83,9 @@ def _plan(args: argparse.Namespace) -> int:
         mesh = DeviceMesh(args.mesh, alpha_s=args.alpha_s,
                           bandwidth_bytes_per_s=args.bandwidth)
         result = plan(model, inputs, mesh, args.memory, loss_fn=loss_fn,
-                      optimizer=args.optimizer, flops_per_s=args.flops or DEFAULT_FLOPS_PER_S,
+                      optimizer=args.optimizer, flops_per_s=args.flops,
+                      memory_bandwidth_bytes_per_s=args.memory_bandwidth,
+                      op_overhead_s=args.op_overhead,
                       time_limit_s=args.time_limit, checkpointing=args.checkpointing,
                       verbose=True)
     except AutomapError as exc:
