@@ -34,6 +34,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from gpt2_block import Block  # noqa: E402  (the example's GPT-2 block, separate q/k/v)
 
 SUSTAINED_FLOPS_PER_S = 150e12
+#: The rest of an A100's profile: HBM bandwidth and the launch of one kernel.
+A100 = {"flops_per_s": SUSTAINED_FLOPS_PER_S, "memory_bandwidth_bytes_per_s": 1.5e12,
+        "op_overhead_s": 5e-6}
 BUDGET_BYTES = 80 * 10**9
 BATCH, SEQ, LAYERS, VOCAB = 64, 1024, 4, 50304  # vocabulary padded to a multiple of 128
 CONFIGS = [("alpha", 1, 2048, 1.00), ("beta", 2, 4096, 1.02), ("gamma", 4, 8192, 1.14),
@@ -67,7 +70,9 @@ def cluster(gpus: int) -> Cluster:
     tiers = [{"group_size": g, "alpha_s": a, "bandwidth_bytes_per_s": b}
              for g, a, b in TIERS if g <= gpus]
     return Cluster.from_dict({"version": 1, "devices": gpus, "tiers": tiers,
-                              "device": {"sustained_flops_per_s": SUSTAINED_FLOPS_PER_S}})
+                              "device": {"sustained_flops_per_s": SUSTAINED_FLOPS_PER_S,
+                                         "memory_bandwidth_bytes_per_s": 1.5e12,
+                                         "op_overhead_s": 5e-6}})
 
 
 def megatron_only(table, node):
@@ -99,13 +104,13 @@ def table3(configs=CONFIGS):
         candidates = cluster(gpus).meshes()
         best = None
         for mesh in candidates[:3]:
-            p = plan(model, inputs, mesh, BUDGET_BYTES, flops_per_s=SUSTAINED_FLOPS_PER_S)
+            p = plan(model, inputs, mesh, BUDGET_BYTES, **A100)
             if best is None or p.predicted_step_s < best.predicted_step_s:
                 best = p
         line = candidates[-1]  # the 1-D mesh over all GPUs: its slowest link sets the pace
         one_d = DeviceMesh((gpus,), alpha_s=max(line.alpha_s),
                            bandwidth_bytes_per_s=min(line.bandwidth_bytes_per_s))
-        megatron = plan(model, inputs, one_d, BUDGET_BYTES, flops_per_s=SUSTAINED_FLOPS_PER_S,
+        megatron = plan(model, inputs, one_d, BUDGET_BYTES, **A100,
                         strategy_filter=megatron_only if gpus > 1 else None)
         flops = 6 * BATCH * SEQ * sum(p.numel() for p in model.parameters())  # 6 N T
         rows.append((name, gpus, hidden, best, megatron, flops, paper))

@@ -2,7 +2,8 @@
 `automap plan` and `automap estimate`:
 
     automap plan examples/gpt2_block.py:build --batch 2 --mesh 4 --memory 160MiB \
-        --alpha-s 5e-6 --bandwidth 2e11 --flops 30e12 -o plan.json
+        --alpha-s 5e-6 --bandwidth 2e11 --flops 30e12 --memory-bandwidth 1.5e12 \
+        --op-overhead 5e-6 -o plan.json
     automap explain plan.json
 """
 

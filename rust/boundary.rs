@@ -133,7 +133,9 @@ proptest! {
                                   prop::collection::vec(0usize..6, 0..4), 0..3),
                               bytes in prop::collection::vec(float(), 0..6),
                               flags in prop::collection::vec(any::<bool>(), 0..6),
-                              flops in float(), flops_per_s in float(), m in mesh()) {
+                              flops in float(), flops_per_s in float(),
+                              memory_bandwidth in float(), op_overhead_s in float(),
+                              is_view in any::<bool>(), m in mesh()) {
         let n_in = inputs.len();
         let take = |v: &[f64], n: usize| v.iter().copied().cycle().take(n).collect::<Vec<_>>();
         let sig = EinsumSignature {
@@ -150,12 +152,15 @@ proptest! {
             inputs,
             outputs,
             flops,
+            is_view,
         };
         let cost = CostModel {
             mesh_shape: m.shape().to_vec(),
             alpha_s: m.alpha_s().to_vec(),
             bandwidth_bytes_per_s: m.bandwidth_bytes_per_s().to_vec(),
             flops_per_s,
+            memory_bandwidth_bytes_per_s: memory_bandwidth,
+            op_overhead_s,
         };
         let _ = einsum_strategies(&sig, &cost);
     }

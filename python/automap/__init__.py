@@ -19,6 +19,7 @@ from automap.errors import (
     InputMismatchError,
     InvalidArgumentError,
     InvalidChainError,
+    InvalidCostModelError,
     InvalidMeshError,
     InvalidPlanError,
     InvalidSpecError,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from automap.api import apply, autoparallelize
     from automap.cluster.cluster import Cluster, Device
     from automap.cluster.detect import detect_cluster
+    from automap.cluster.device import DeviceProfile
     from automap.generate.module import ParallelModule
     from automap.planner.plan import Plan
     from automap.planner.search import plan
@@ -58,6 +60,7 @@ _LAZY = {
     "Cluster": "automap.cluster.cluster",
     "Device": "automap.cluster.cluster",
     "detect_cluster": "automap.cluster.detect",
+    "DeviceProfile": "automap.cluster.device",
     "ParallelModule": "automap.generate.module",
     "Plan": "automap.planner.plan",
     "plan": "automap.planner.search",
@@ -108,6 +111,7 @@ __all__ = [
     "AutomapError",
     "Cluster",
     "Device",
+    "DeviceProfile",
     "DeviceMesh",
     "DistributedError",
     "InfeasibleBudgetError",
@@ -115,6 +119,7 @@ __all__ = [
     "InputMismatchError",
     "InvalidArgumentError",
     "InvalidChainError",
+    "InvalidCostModelError",
     "InvalidMeshError",
     "InvalidPlanError",
     "InvalidSpecError",

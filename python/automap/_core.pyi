@@ -201,6 +201,8 @@ def resharding_costs(
 def einsum_strategies(
     mesh: Any,
     flops_per_s: float,
+    memory_bandwidth_bytes_per_s: float,
+    op_overhead_s: float,
     letter_sizes: Sequence[int],
     unshardable: Sequence[bool],
     inputs: Sequence[Sequence[int]],
@@ -210,6 +212,7 @@ def einsum_strategies(
     input_needs_grad: Sequence[bool],
     input_additive: Sequence[bool],
     flops: float,
+    is_view: bool,
 ) -> tuple[
     list[list[str]],
     list[list[str]],

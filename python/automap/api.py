@@ -44,7 +44,9 @@ def autoparallelize(
     for (``"sgd"``, ``"sgd_momentum"``, ``"adam"``, ``"adamw"``, or None for none).
     ``plan_options`` go to ``automap.plan`` (e.g. ``flops_per_s``,
     ``checkpointing``: within a budget the plan may checkpoint activations, which the
-    module then recomputes in nested ``torch.utils.checkpoint`` regions).
+    module then recomputes in nested ``torch.utils.checkpoint`` regions). The device's
+    speeds not given there nor measured in the cluster are measured by every rank at
+    once, as they will compute in training.
 
     Every rank calls it. An error on any rank (while checking, planning on the
     leader, or generating) is raised on every rank as the same ``AutomapError``;
@@ -68,22 +70,24 @@ def autoparallelize(
                                        f"{type(plan).__name__}")
         chosen = plan.mesh if plan is not None else mesh
         chosen = _mesh_for_world(None) if chosen is None else chosen
-        meshes, cluster_flops = candidate_meshes(chosen, size=world)
+        meshes, known = candidate_meshes(chosen, size=world)
         for candidate in meshes:
             _mesh_for_world(candidate)  # each must match the world before anyone plans
         dev = _device(device)
         if budget is None and dev.type == "cuda":
             budget = torch.cuda.get_device_properties(dev).total_memory
-        if cluster_flops and "flops_per_s" not in plan_options:
-            plan_options["flops_per_s"] = cluster_flops
-        return meshes, dev, budget, _trace(model, example_inputs, loss_fn)
+        return meshes, known, dev, budget, _trace(model, example_inputs, loss_fn)
 
-    meshes, dev, budget, traced = channel.each_rank("checking the arguments and tracing",
-                                                    prepare)
+    meshes, known, dev, budget, traced = channel.each_rank(
+        "checking the arguments and tracing", prepare)
     if plan is None:
+        speeds = channel.each_rank(
+            "measuring this device's speeds",
+            lambda: _device_speeds(plan_options, known, dev, traced))
+
         def solve():
             found = plan_best(traced, profile_traced(traced, optimizer), meshes, budget,
-                              optimizer=optimizer, **plan_options)
+                              optimizer=optimizer, device=speeds, **plan_options)
             found.inputs = describe_inputs(example_inputs)
             return found.to_dict()
 
@@ -118,6 +122,21 @@ def apply(plan: Plan, model: nn.Module, example_inputs: Any = None, *, loss_fn=N
 
     dev, traced = channel.each_rank("checking the plan and tracing", prepare)
     return _generate(channel, traced, plan, model, dev, local_inputs, seed)
+
+
+def _device_speeds(plan_options: dict, known, device: torch.device, traced):
+    """The ``DeviceProfile`` to plan with (collective): the speeds in
+    ``plan_options`` (taken out of them), else the cluster's, else measured
+    on every rank at once (the first time in this process group)."""
+    from automap.cluster.device import FIELDS, measure_concurrently, resolve_device_profile
+    from automap.planner.search import parameter_dtype
+
+    given = {name: plan_options.pop(name, None) for name in FIELDS}
+    known = dict(known or {})
+    if any(given[n] is None and known.get(n) is None for n in FIELDS):
+        measured = measure_concurrently(device, parameter_dtype(traced), cached=True)
+        known = {n: known.get(n) or getattr(measured, n) for n in FIELDS}
+    return resolve_device_profile(**given, known=known)
 
 
 def _model_device(model: nn.Module) -> torch.device:

@@ -92,3 +92,8 @@ class DistributedError(AutomapError, RuntimeError):
 
 #: The name the solver issue uses for the same condition.
 InfeasiblePlanError = InfeasibleBudgetError
+
+
+class InvalidCostModelError(AutomapError, ValueError):
+    """A device speed (FLOP/s, memory bandwidth, per-kernel overhead) that is
+    not a finite number > 0."""

@@ -17,18 +17,21 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// Strategies of a node in letter form (see `strategy::einsum`): input and
+/// Strategies of a node in letter form (see `strategy::einsum`), priced with
+/// the device's FLOP rate, memory bandwidth and per-kernel overhead: input and
 /// output spec strings per strategy, a float64 buffer of
 /// (compute_s, forward_comm_s, backward_comm_s) per strategy, and per
 /// strategy (partial axes, scatter dim or None, gradient-reduction axes per input).
 #[pyfunction]
-#[pyo3(signature = (mesh, flops_per_s, letter_sizes, unshardable, inputs, outputs, input_bytes,
-                    output_bytes, input_needs_grad, input_additive, flops))]
+#[pyo3(signature = (mesh, flops_per_s, memory_bandwidth_bytes_per_s, op_overhead_s, letter_sizes, unshardable, inputs, outputs, input_bytes,
+                    output_bytes, input_needs_grad, input_additive, flops, is_view))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 fn einsum_strategies<'py>(
     py: Python<'py>,
     mesh: &Bound<'py, PyAny>,
     flops_per_s: f64,
+    memory_bandwidth_bytes_per_s: f64,
+    op_overhead_s: f64,
     letter_sizes: Vec<usize>,
     unshardable: Vec<bool>,
     inputs: Vec<Vec<usize>>,
@@ -38,6 +41,7 @@ fn einsum_strategies<'py>(
     input_needs_grad: Vec<bool>,
     input_additive: Vec<bool>,
     flops: f64,
+    is_view: bool,
 ) -> PyResult<(
     Vec<Vec<String>>,
     Vec<Vec<String>>,
@@ -50,6 +54,8 @@ fn einsum_strategies<'py>(
         alpha_s: mesh.alpha_s().to_vec(),
         bandwidth_bytes_per_s: mesh.bandwidth_bytes_per_s().to_vec(),
         flops_per_s,
+        memory_bandwidth_bytes_per_s,
+        op_overhead_s,
     };
     let sig = EinsumSignature {
         letter_sizes,
@@ -61,6 +67,7 @@ fn einsum_strategies<'py>(
         input_needs_grad,
         input_additive,
         flops,
+        is_view,
     };
     let strategies = py.detach(|| einsum::einsum_strategies(&sig, &cost)).py()?;
     let ins = strategies

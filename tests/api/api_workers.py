@@ -13,6 +13,7 @@ from automap.planner.plan import Plan
 from automap.planner.search import plan as solve_plan
 from forced_plans import forced_plan
 from serial import build
+from speeds import FAST
 
 
 def _saved_and_loaded(plan) -> Plan:
@@ -63,7 +64,7 @@ def api_checks(rank: int, world: int) -> dict:
     other, other_inputs, other_loss = build("mlp")
     other.fc2 = torch.nn.Linear(256, 256, bias=False)
     mesh = DeviceMesh((world,))
-    plan = solve_plan(model, inputs, mesh, loss_fn=loss_fn)
+    plan = solve_plan(model, inputs, mesh, loss_fn=loss_fn, **FAST)
     out["stale_error"] = _raises(lambda: apply(plan, other, other_inputs, loss_fn=other_loss),
                                  StalePlanError)
     out["applied_loss"] = apply(plan, model, inputs, loss_fn=loss_fn)(*inputs).item()

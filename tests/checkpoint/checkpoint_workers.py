@@ -16,6 +16,7 @@ from automap.generate.program import generate
 from automap.planner.search import plan as solve_plan
 from model_zoo import allocation_peak_bytes
 from serial import call_module
+from speeds import speeds
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
@@ -75,7 +76,7 @@ def checkpoint_case(rank: int, world: int, name: str, fraction: float) -> dict:
     model, inputs, loss_fn = build(name)
     mesh = DeviceMesh((world,))
     # Slow devices: on more than one, splitting the batch pays.
-    options = {"loss_fn": loss_fn, "checkpointing": "only", "flops_per_s": 1e9}
+    options = {"loss_fn": loss_fn, "checkpointing": "only", **speeds(1e9)}
     roomy = solve_plan(model, inputs, mesh, 2**40, **options)
     assert roomy.checkpoint is None  # it fits without checkpoints
     try:
@@ -127,7 +128,7 @@ def nested_case(rank: int, world: int, name: str) -> dict:
     plan without checkpoints."""
     model, inputs, loss_fn = build(name)
     mesh = DeviceMesh((world,))
-    plan = solve_plan(model, inputs, mesh, loss_fn=loss_fn, flops_per_s=1e9)
+    plan = solve_plan(model, inputs, mesh, loss_fn=loss_fn, **speeds(1e9))
 
     from automap.checkpoint.record import CheckpointPlan
     from automap.solve.linearize import linearize

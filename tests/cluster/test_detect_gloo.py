@@ -37,7 +37,12 @@ def check_plausible(cluster: Cluster, n: int) -> None:
     # Loopback TCP between processes: between 1 MB/s and 1 TB/s, latency < 0.1 s.
     assert ((bandwidth > 1e6) & (bandwidth < 1e12)).all(), bandwidth
     assert ((alpha >= 0) & (alpha < 0.1)).all(), alpha
+    # Every device's profile, measured with all ranks busy at once.
     assert all(d.kind == "cpu" and d.sustained_flops_per_s > 0 for d in cluster.devices)
+    assert all(d.memory_bandwidth_bytes_per_s > 0 and 0 < d.op_overhead_s < 0.01
+               for d in cluster.devices)
+    assert cluster.device_profile["op_overhead_s"] == max(d.op_overhead_s
+                                                          for d in cluster.devices)
     assert [d.local_rank for d in cluster.devices] == list(range(n))
     m = cluster.measurement
     assert m["backend"] == "gloo" and m["pair_rounds"] == n - 1
@@ -82,6 +87,28 @@ def test_detect_on_8_local_ranks():
     assert all(c == clusters[0] for c in clusters), "ranks disagree on the cluster"
     assert max(r["wall_s"] for r in results) < DETECT_BOUND_S
     check_plausible(Cluster.from_dict(clusters[0]), 8)
+
+
+def _measure_mesh_on_rank(rank: int, world_size: int) -> dict:
+    from automap import DeviceMesh
+    from automap.cluster.detect import measure_mesh
+
+    mesh = DeviceMesh((2, 2), alpha_s=1.0, bandwidth_bytes_per_s=1.0)
+    quiet = measure_mesh(mesh, sizes_bytes=SIZES_BYTES, iters=3)
+    busy = measure_mesh(mesh, sizes_bytes=SIZES_BYTES, iters=3, load_flops=1e7)
+    return {"quiet": quiet.to_dict(), "busy": busy.to_dict()}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_measure_mesh_refits_every_axis_in_place():
+    results = run_on_gloo(_measure_mesh_on_rank, 4, timeout_s=120)
+    assert all(r == results[0] for r in results), "ranks disagree on the mesh"
+    for mesh in results[0].values():
+        assert mesh["shape"] == [2, 2] and mesh["ranks"] == [0, 1, 2, 3]
+        # Measured, not the placeholders: loopback latency under 0.1 s, 1 MB/s .. 1 TB/s.
+        assert all(0 <= a < 0.1 for a in mesh["alpha_s"])
+        assert all(1e6 < b < 1e12 for b in mesh["bandwidth_bytes_per_s"])
 
 
 @given(st.integers(1, 41))

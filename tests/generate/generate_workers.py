@@ -26,6 +26,7 @@ from serial import (
     relu_margin,
     serial_run,
 )
+from speeds import FAST, speeds
 
 #: Small buckets, so that data-parallel gradients go in several of them.
 BUCKET_BYTES = 4096
@@ -38,9 +39,9 @@ def make_plan(kind: str, model, inputs, loss_fn, mesh: DeviceMesh) -> Plan:
     """The solver's plan (``solver``: A100-class FLOP/s; ``solver_slow``: FLOP/s so
     slow that splitting compute pays) or a forced one (see ``FORCED``)."""
     if kind == "solver":
-        return solve_plan(model, inputs, mesh, loss_fn=loss_fn)
+        return solve_plan(model, inputs, mesh, loss_fn=loss_fn, **FAST)
     if kind == "solver_slow":
-        return solve_plan(model, inputs, mesh, loss_fn=loss_fn, flops_per_s=1e6)
+        return solve_plan(model, inputs, mesh, loss_fn=loss_fn, **speeds(1e6))
     return forced_plan(model, inputs, loss_fn, mesh, **FORCED[kind](mesh))[1]
 
 

@@ -14,6 +14,7 @@ from automap.planner import search as planner
 from automap.solve.strategies import restrict
 from automap.trace.profiling import profile_traced
 from automap.trace.tracing import default_loss, trace
+from speeds import speeds
 
 #: (input specs, output specs) of a strategy -> keep it?
 Keep = Callable[[tuple, tuple], bool]
@@ -55,11 +56,12 @@ def output_is(spec: str) -> Keep:
 
 def forced_plan(model, example_inputs, loss_fn, mesh, *, params: dict[str, str] | None = None,
                 inputs: dict[str, str] | None = None, ops: dict[str, Keep] | None = None,
-                flops_per_s: float = 1e6):
+                flops_per_s: float = 1e6, **options):
     """The ILP's plan with parameter specs forced (``params``: regex on the parameter
     name -> spec; unmatched parameters replicated when ``params`` is given), user
     input specs (input node name -> spec, or ``BATCH``) and op predicates (node name -> Keep).
-    A slow ``flops_per_s`` makes splitting the compute worth its communication."""
+    A slow ``flops_per_s`` makes splitting the compute worth its communication;
+    ``options`` go to ``plan_traced`` (e.g. ``device``, a memory budget)."""
     traced = trace(model, example_inputs, loss_fn=loss_fn or default_loss)
     constraints: dict[str, Keep] = {}
     if params is not None:
@@ -75,5 +77,6 @@ def forced_plan(model, example_inputs, loss_fn, mesh, *, params: dict[str, str] 
         constraints[name] = output_is(spec)
     constraints.update(ops or {})
     with _constrained(constraints):
+        options = {**speeds(flops_per_s), **options}  # every rank plans alike
         return traced, planner.plan_traced(traced, profile_traced(traced, "adamw"), mesh,
-                                           flops_per_s=flops_per_s)
+                                           **options)

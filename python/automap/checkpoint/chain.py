@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 
 from automap import _core
 from automap.errors import StalePlanError
-from automap.sharding.layout import layout_path
 from automap.sharding.mesh import DeviceMesh
 from automap.solve.linearize import linearize
 from automap.solve.memory import plan_memory, timeline
@@ -87,13 +86,7 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int],
 
     # Conversions into each consumer: forward and backward seconds.
     into: dict[str, list[tuple[float, float]]] = {}
-    for producer, o, consumer, k in table.edges():
-        src = table.nodes[producer].out_specs[choice[producer]][o]
-        dst = table.nodes[consumer].in_specs[choice[consumer]][k]
-        if src == dst:
-            continue
-        info = table.nodes[producer].outputs[o]
-        path = layout_path(mesh, src, dst, info.shape, info.dtype_bytes)
+    for (_, _, consumer, _), _, _, path in table.conversions(choice):
         into.setdefault(consumer, []).append((path.forward_cost_s, path.backward_cost_s))
 
     line = timeline(table)

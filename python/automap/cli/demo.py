@@ -21,19 +21,20 @@ DEMO_FLOPS_PER_S = 2e9
 
 
 class _Block(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, hidden: int, heads: int) -> None:
         super().__init__()
-        self.ln_1, self.ln_2 = nn.LayerNorm(HIDDEN), nn.LayerNorm(HIDDEN)
-        self.q, self.k, self.v = (nn.Linear(HIDDEN, HIDDEN) for _ in range(3))
-        self.proj = nn.Linear(HIDDEN, HIDDEN)
-        self.fc, self.fc_proj = nn.Linear(HIDDEN, 4 * HIDDEN), nn.Linear(4 * HIDDEN, HIDDEN)
+        self.heads = heads
+        self.ln_1, self.ln_2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
+        self.proj = nn.Linear(hidden, hidden)
+        self.fc, self.fc_proj = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
         y = self.ln_1(x)
 
         def heads(t):
-            return t.view(b, s, HEADS, h // HEADS).transpose(1, 2)
+            return t.view(b, s, self.heads, h // self.heads).transpose(1, 2)
 
         a = F.scaled_dot_product_attention(heads(self.q(y)), heads(self.k(y)), heads(self.v(y)),
                                            is_causal=True)
@@ -44,12 +45,13 @@ class _Block(nn.Module):
 class TinyGPT2(nn.Module):
     """GPT-2 in plain PyTorch (learned positions, pre-LN blocks, tied LM head)."""
 
-    def __init__(self) -> None:
+    def __init__(self, vocab: int = VOCAB, seq: int = SEQ, hidden: int = HIDDEN,
+                 heads: int = HEADS, layers: int = LAYERS) -> None:
         super().__init__()
-        self.wte, self.wpe = nn.Embedding(VOCAB, HIDDEN), nn.Embedding(SEQ, HIDDEN)
-        self.blocks = nn.ModuleList(_Block() for _ in range(LAYERS))
-        self.ln_f = nn.LayerNorm(HIDDEN)
-        self.lm_head = nn.Linear(HIDDEN, VOCAB, bias=False)
+        self.wte, self.wpe = nn.Embedding(vocab, hidden), nn.Embedding(seq, hidden)
+        self.blocks = nn.ModuleList(_Block(hidden, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(hidden)
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
         self.lm_head.weight = self.wte.weight
         nn.init.normal_(self.wte.weight, std=0.02)
 

@@ -1,4 +1,5 @@
-"""automap detect: measure the cluster and write its JSON.
+"""automap detect: measure the cluster (links, and each device's FLOP/s,
+memory bandwidth and kernel overhead, every rank at once) and write its JSON.
 
 Under torchrun every rank runs the command (NCCL on GPUs, gloo otherwise)
 and rank 0 writes the file; --local N instead spawns N gloo ranks on this
@@ -15,7 +16,7 @@ from automap.cli.arguments import count, parse_bytes, positive_float, positive_i
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "detect",
-        help="measure the latency and bandwidth between ranks and write the cluster JSON",
+        help="measure the links between ranks and each device's speeds; write the cluster JSON",
         description=__doc__,
     )
     p.add_argument("-o", "--output", required=True, type=writable_file,
@@ -30,7 +31,8 @@ def register(subparsers) -> None:
                         "split only where bandwidths differ beyond the runs' spread")
     p.add_argument("--measure-groups", type=count, default=3, metavar="K",
                    help="measure the axes of the best K candidate meshes by group all-reduce")
-    p.add_argument("--no-flops", action="store_true", help="skip the matmul rate measurement")
+    p.add_argument("--no-profile", action="store_true",
+                   help="skip the device profile (FLOP/s, memory bandwidth, kernel overhead)")
     p.add_argument("--timeout", type=positive_float, default=600.0, metavar="SECONDS",
                    help="give up after this long (default 600)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -48,7 +50,7 @@ def _options(args) -> dict:
         "iters": args.iters,
         "repeats": args.repeats,
         "measure_groups": args.measure_groups,
-        "measure_flops": not args.no_flops,
+        "measure_profile": not args.no_profile,
         "quiet": args.quiet,
     }
 

@@ -37,7 +37,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--bandwidth", type=floats, default=None,
                    help="link bandwidth per mesh axis in bytes/s, comma-separated")
     p.add_argument("--flops", type=positive_float, default=None,
-                   help="sustained FLOP/s per device")
+                   help="sustained FLOP/s per device (default: measured on this machine)")
+    p.add_argument("--memory-bandwidth", type=positive_float, default=None,
+                   help="memory bandwidth per device in bytes/s (default: measured)")
+    p.add_argument("--op-overhead", type=positive_float, default=None,
+                   help="fixed seconds per kernel launch (default: measured)")
     p.add_argument("--optimizer", default="adamw", choices=OPTIMIZER_NAMES)
     p.add_argument("--time-limit", type=positive_float, default=60.0,
                    help="solver limit, seconds")
@@ -58,7 +62,7 @@ def register(subparsers: Any) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from automap.planner.search import DEFAULT_FLOPS_PER_S, plan
+    from automap.planner.search import plan
     from automap.sharding.mesh import DeviceMesh
 
     try:
@@ -71,7 +75,9 @@ def _plan(args: argparse.Namespace) -> int:
         mesh = DeviceMesh(args.mesh, alpha_s=args.alpha_s,
                           bandwidth_bytes_per_s=args.bandwidth)
         result = plan(model, inputs, mesh, args.memory, loss_fn=loss_fn,
-                      optimizer=args.optimizer, flops_per_s=args.flops or DEFAULT_FLOPS_PER_S,
+                      optimizer=args.optimizer, flops_per_s=args.flops,
+                      memory_bandwidth_bytes_per_s=args.memory_bandwidth,
+                      op_overhead_s=args.op_overhead,
                       time_limit_s=args.time_limit, checkpointing=args.checkpointing,
                       verbose=True)
         print(result.explain(max_rows=20))

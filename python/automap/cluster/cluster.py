@@ -13,6 +13,8 @@ JSON schema, version 1 (``Cluster.to_json`` writes it, ``from_json`` reads it)::
         {"rank": 0, "host": "node0", "local_rank": 0, "kind": "cuda",
          "name": "NVIDIA A100-SXM4-80GB",
          "sustained_flops_per_s": 2.5e14,   # optional: measured matmul rate
+         "memory_bandwidth_bytes_per_s": 1.5e12,  # optional: measured elementwise rate
+         "op_overhead_s": 5e-06,            # optional: measured time of a tiny kernel
          "memory_bytes": 85899345920}       # optional: device memory
       ],
       "device": {...},                      # when "devices" is N: fields for every device
@@ -78,8 +80,9 @@ VERSION = 1
 
 @dataclass(frozen=True)
 class Device:
-    """One device (a global rank). ``sustained_flops_per_s`` and
-    ``memory_bytes`` are None when unknown."""
+    """One device (a global rank). Its profile (``sustained_flops_per_s``,
+    ``memory_bandwidth_bytes_per_s``, ``op_overhead_s``: see
+    ``automap.cluster.device``) and ``memory_bytes`` are None when unknown."""
 
     rank: int
     host: str = "localhost"
@@ -88,6 +91,8 @@ class Device:
     name: str = ""
     sustained_flops_per_s: float | None = None
     memory_bytes: int | None = None
+    memory_bandwidth_bytes_per_s: float | None = None
+    op_overhead_s: float | None = None
 
 
 class Cluster:
@@ -151,6 +156,26 @@ class Cluster:
         step), None unless known for every device."""
         values = [d.sustained_flops_per_s for d in self.devices]
         return None if None in values else float(min(values))
+
+    @property
+    def device_profile(self) -> dict[str, float | None]:
+        """The slowest device's profile fields (``automap.cluster.device.FIELDS``),
+        each None unless known for every device."""
+
+        def known(values, pick):
+            return None if None in values else float(pick(values))
+
+        return {
+            "flops_per_s": self.sustained_flops_per_s,
+            "memory_bandwidth_bytes_per_s": known(
+                [d.memory_bandwidth_bytes_per_s for d in self.devices], min),
+            "op_overhead_s": known([d.op_overhead_s for d in self.devices], max),
+        }
+
+    @property
+    def device_kind(self) -> str:
+        """The devices' type (``cuda`` if any device is a GPU)."""
+        return "cuda" if any(d.kind == "cuda" for d in self.devices) else "cpu"
 
     @property
     def memory_bytes(self) -> int | None:
@@ -280,8 +305,14 @@ class Cluster:
         """Devices, tiers and the best few candidate meshes, for people."""
         kinds = sorted({f"{d.kind} {d.name}".strip() for d in self.devices})
         lines = [f"{self.num_devices} devices on {len(self.hosts)} host(s): {', '.join(kinds)}"]
-        if self.sustained_flops_per_s is not None:
-            lines.append(f"sustained compute {self.sustained_flops_per_s:.3g} FLOP/s per device")
+        profile = self.device_profile
+        if profile["flops_per_s"] is not None:
+            lines.append(f"sustained compute {profile['flops_per_s']:.3g} FLOP/s per device")
+        if profile["memory_bandwidth_bytes_per_s"] is not None:
+            lines.append(f"memory bandwidth {profile['memory_bandwidth_bytes_per_s'] / 1e9:.3g} "
+                         "GB/s per device")
+        if profile["op_overhead_s"] is not None:
+            lines.append(f"kernel overhead {profile['op_overhead_s'] * 1e6:.3g} us")
         for i, t in enumerate(self.tiers):
             sizes = sorted({len(g) for g in t.groups})
             lines.append(
@@ -305,9 +336,13 @@ class Cluster:
 
 
 def _dumps(value, indent: str = "") -> str:
-    """JSON with one line per list of numbers (a matrix row, a group), so a
-    512-device matrix stays 512 lines, and nested objects indented."""
+    """JSON with one line per list of numbers (a matrix row, a group) and per
+    flat record (a device), so a 512-device matrix stays 512 lines, and nested
+    objects indented."""
     inner = indent + "  "
+    if isinstance(value, dict) and value and not any(isinstance(v, (dict, list))
+                                                     for v in value.values()) and indent:
+        return json.dumps(value)  # a flat record (a device) on one line
     if isinstance(value, dict) and value:
         items = [f"{inner}{json.dumps(k)}: {_dumps(v, inner)}" for k, v in value.items()]
         return "{\n" + ",\n".join(items) + "\n" + indent + "}"

@@ -37,6 +37,7 @@ before the end event (``work.wait()``).
 from __future__ import annotations
 
 import itertools
+import math
 import platform
 import socket
 import sys
@@ -48,6 +49,7 @@ import torch
 import torch.distributed as dist
 
 from automap.cluster.cluster import Cluster, Device
+from automap.cluster.device import measure_device_profile
 from automap.cluster.topology import (
     DEFAULT_REL_TOL,
     GroupLink,
@@ -56,6 +58,7 @@ from automap.cluster.topology import (
     significant_rel_tol,
 )
 from automap.errors import AutomapError
+from automap.sharding.mesh import DeviceMesh
 
 #: Message sizes: two small ones fix the latency, three large ones the bandwidth.
 DEFAULT_CPU_SIZES_BYTES = (8, 4096, 256 * 1024, 1 << 20, 4 << 20)
@@ -136,9 +139,13 @@ class _Progress:
             print(file=sys.stderr)
 
 
-def _times_s(fn: Callable[[], None], iters: int, warmup: int, device: torch.device) -> list[float]:
-    """Seconds of each of ``iters`` calls of ``fn`` after ``warmup`` calls."""
+def _times_s(fn: Callable[[], None], iters: int, warmup: int, device: torch.device,
+             before: Callable[[], None] | None = None) -> list[float]:
+    """Seconds of each of ``iters`` calls of ``fn`` after ``warmup`` calls;
+    ``before`` runs untimed ahead of each call."""
+    before = before or (lambda: None)
     for _ in range(warmup):
+        before()
         fn()
     if device.type == "cuda":
         events = [
@@ -146,6 +153,7 @@ def _times_s(fn: Callable[[], None], iters: int, warmup: int, device: torch.devi
             for _ in range(iters)
         ]
         for start, end in events:
+            before()
             start.record()
             fn()
             end.record()
@@ -153,6 +161,7 @@ def _times_s(fn: Callable[[], None], iters: int, warmup: int, device: torch.devi
         return [s.elapsed_time(e) / 1e3 for s, e in events]
     times = []
     for _ in range(iters):
+        before()
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -199,36 +208,27 @@ class _Bench:
             times.append(_times_s(exchange, self.iters, self.warmup, self.device))
         return None if peer is None else times
 
-    def all_reduce(self, group) -> list[list[float]]:
+    def all_reduce(self, group, load_flops: float = 0.0) -> list[list[float]]:
+        """All-reduce times per size; with ``load_flops``, each call follows
+        that much matmul work on every rank, as a collective follows compute in
+        a training step (the call then also waits for the slowest rank)."""
+        n = 256
+        a = torch.randn(n, n, device=self.device)
+        matmuls = math.ceil(load_flops / (2 * n**3))
+
+        def load() -> None:
+            for _ in range(matmuls):
+                a @ a
+
         times = []
         for size in self.sizes_bytes:
             self._sync()
             buf = self.send[: size // 4]
             times.append(
                 _times_s(lambda b=buf: dist.all_reduce(b, group=group), self.iters,
-                         self.warmup, self.device)
+                         self.warmup, self.device, load if matmuls else None)
             )
         return times
-
-
-def _measure_flops_per_s(device: torch.device, seconds: float = 0.1) -> float:
-    """Sustained matmul rate while every rank computes at once: float32
-    256^3 on CPUs, bfloat16 4096^3 on GPUs."""
-    n, dtype = (4096, torch.bfloat16) if device.type == "cuda" else (256, torch.float32)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    a @ b  # warm-up: library initialisation is not sustained compute
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    count, start = 0, time.perf_counter()
-    while True:
-        a @ b
-        count += 1
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return 2.0 * n**3 * count / elapsed
 
 
 def _cpu_name() -> str:
@@ -242,18 +242,21 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _this_device(device: torch.device, measure_flops: bool) -> dict:
+def _this_device(device: torch.device, measure_profile: bool) -> dict:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         name, memory_bytes = props.name, int(props.total_memory)
     else:
         name, memory_bytes = _cpu_name(), None
+    profile = measure_device_profile(device) if measure_profile else None
     return {
         "host": socket.gethostname(),
         "kind": device.type,
         "name": name,
         "memory_bytes": memory_bytes,
-        "sustained_flops_per_s": _measure_flops_per_s(device) if measure_flops else None,
+        "sustained_flops_per_s": profile.flops_per_s if profile else None,
+        "memory_bandwidth_bytes_per_s": profile.memory_bandwidth_bytes_per_s if profile else None,
+        "op_overhead_s": profile.op_overhead_s if profile else None,
     }
 
 
@@ -273,7 +276,7 @@ def detect_cluster(
     warmup: int = 1,
     repeats: int = 3,
     measure_groups: int = 3,
-    measure_flops: bool = True,
+    measure_profile: bool = True,
     rel_tol: float | None = None,
     quiet: bool = False,
 ) -> Cluster:
@@ -286,6 +289,8 @@ def detect_cluster(
     otherwise). ``measure_groups``: how many of the best candidate meshes get
     their axes measured by group all-reduces. ``repeats``: runs of the pair
     tournament; each pair's latency and bandwidth is the median of its runs.
+    ``measure_profile``: measure each device's profile
+    (``automap.cluster.device``), every rank at once as in training.
     ``rel_tol``: tier tolerance; None takes ``significant_rel_tol`` of the
     repeats (at least ``DEFAULT_REL_TOL``), so that noise does not split a
     tier. ``quiet``: no progress lines.
@@ -301,7 +306,8 @@ def detect_cluster(
     Work: ``repeats`` x N-1 (odd N: N) rounds of ``len(sizes_bytes) * (warmup + iters)``
     concurrent exchanges, 3 * ceil(log2(N/2) + 1) rounds of ``warmup + iters``
     exchanges of the largest size, one all-reduce series per distinct axis
-    of the measured candidates, and a 0.1 s matmul: time grows as O(N)."""
+    of the measured candidates, and the device profile (about 0.1 s on a
+    CPU): time grows as O(N)."""
     if not dist.is_available() or not dist.is_initialized():
         raise AutomapError(
             "detect_cluster needs an initialised torch.distributed process group: run it "
@@ -332,8 +338,8 @@ def detect_cluster(
     def lap(phase: str) -> None:
         phase_s[phase] = time.perf_counter() - wall_start - sum(phase_s.values())
 
-    _barrier(device)  # every rank multiplies at once: the rate under full load
-    record: dict = {"device": _this_device(device, measure_flops), "pairs": {}, "contention": {}}
+    _barrier(device)  # every rank measures at once: the device under full load
+    record: dict = {"device": _this_device(device, measure_profile), "pairs": {}, "contention": {}}
     progress.step("device")
     lap("device")
     for repeat, (r, pairs) in itertools.product(range(repeats), enumerate(rounds)):
@@ -457,9 +463,38 @@ def _axis_partitions(topology, count: int) -> list[list[list[int]]]:
     return list(found.values())
 
 
-def _measure_partition(bench: _Bench, partition, sizes: np.ndarray) -> tuple[GroupLink, dict]:
+def measure_mesh(mesh: DeviceMesh, sizes_bytes: Sequence[int] = DEFAULT_CPU_SIZES_BYTES,
+                 iters: int = 5, warmup: int = 1, load_flops: float = 0.0) -> DeviceMesh:
+    """``mesh`` with every axis's latency and bus bandwidth measured now: an
+    all-reduce series on all of the axis's groups at once, fitted on each
+    size's median iteration (what a training step meets, interference from
+    whatever else runs included; ``detect_cluster`` keeps the fastest). With
+    ``load_flops``, every call follows that much compute on every rank, so
+    the time includes waiting for the slowest. Collective over the default
+    process group."""
+    on_gpu = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    bench = _Bench(tuple(int(s) for s in sizes_bytes), iters, warmup, device)
+    sizes = np.array(sizes_bytes, dtype=np.float64)
+    alpha, bandwidth = [], []
+    for axis in range(mesh.ndim):
+        if mesh.shape[axis] == 1:
+            alpha.append(mesh.alpha_s[axis])
+            bandwidth.append(mesh.bandwidth_bytes_per_s[axis])
+            continue
+        link, _ = _measure_partition(bench, mesh.axis_groups(axis), sizes, np.median,
+                                     load_flops)
+        alpha.append(link.alpha_s)
+        bandwidth.append(link.bandwidth_bytes_per_s)
+    return DeviceMesh(mesh.shape, ranks=mesh.ranks, axis_names=mesh.axis_names, alpha_s=alpha,
+                      bandwidth_bytes_per_s=bandwidth)
+
+
+def _measure_partition(bench: _Bench, partition, sizes: np.ndarray, pick=np.min,
+                       load_flops: float = 0.0) -> tuple[GroupLink, dict]:
     """All-reduce on every group of ``partition`` at once; the slowest
-    group's fit as a ``GroupLink``, and algbw/busbw per size for the record."""
+    group's fit (on the iteration ``pick`` chooses per size) as a
+    ``GroupLink``, and algbw/busbw per size for the record."""
     n = dist.get_world_size()
     size = len(partition[0])
     if size == n:
@@ -467,11 +502,11 @@ def _measure_partition(bench: _Bench, partition, sizes: np.ndarray) -> tuple[Gro
     else:
         group, subgroups = dist.new_subgroups_by_enumeration(partition)
     gathered: list = [None] * n
-    dist.all_gather_object(gathered, bench.all_reduce(group))
+    dist.all_gather_object(gathered, bench.all_reduce(group, load_flops))
     for g in subgroups:
         dist.destroy_process_group(g)
     times = np.array(
-        [np.concatenate([gathered[r] for r in g], axis=1).min(axis=1) for g in partition]
+        [pick(np.concatenate([gathered[r] for r in g], axis=1), axis=1) for g in partition]
     )
     factor = 2.0 * (size - 1) / size
     alpha, busbw = fit_alpha_bandwidth(sizes * factor, times)

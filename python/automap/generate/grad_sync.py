@@ -21,10 +21,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from automap.sharding.collectives import PendingAllReduce, tagged
+from automap.sharding.collectives import DEFAULT_BUCKET_BYTES, PendingAllReduce, tagged
 from automap.sharding.process_groups import AxisGroup
-
-DEFAULT_BUCKET_BYTES = 25 * 2**20
 
 
 @dataclass

@@ -11,9 +11,10 @@ from torch import nn
 
 from automap.generate.build import defer_parameter_gradient_sync, generate_graph
 from automap.generate.checkpoint import wrap_checkpoint_blocks
-from automap.generate.grad_sync import DEFAULT_BUCKET_BYTES, GradientSync
+from automap.generate.grad_sync import GradientSync
 from automap.generate.module import InputCheck, ParallelModule, register_state
 from automap.generate.state import StateShard, cut, full_tensors
+from automap.sharding.collectives import DEFAULT_BUCKET_BYTES
 from automap.sharding.spec import ShardingSpec
 
 

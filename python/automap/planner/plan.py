@@ -85,6 +85,8 @@ class Plan:
     #: verified, else from the planner's memory model).
     memory_breakdown: dict = field(default_factory=dict)
     memory_breakdown_at: str = ""
+    #: The predicted step's parts in seconds (``automap.planner.step_time.StepTime``).
+    step_time: dict = field(default_factory=dict)
 
     # Serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -106,6 +108,7 @@ class Plan:
             "unsupported_ops": self.unsupported_ops,
             "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None,
             "inputs": self.inputs,
+            "step_time": self.step_time,
             "nodes": [asdict(n) for n in self.nodes.values()],
             "edges": [asdict(e) for e in self.edges],
         }
@@ -151,6 +154,7 @@ class Plan:
             versions=data["versions"],
             checkpoint=CheckpointPlan.from_dict(data["checkpoint"]),
             inputs=data["inputs"],
+            step_time=data["step_time"],
         )
         check_consistency(plan)
         return plan
@@ -194,11 +198,19 @@ class Plan:
         return (
             f"plan on mesh {self.mesh.shape}: predicted step {self.predicted_step_s * 1e3:.3f} ms "
             f"(compute {self.predicted_compute_s * 1e3:.3f} ms, communication "
-            f"{self.predicted_communication_s * 1e3:.3f} ms), peak memory "
+            f"{self.predicted_communication_s * 1e3:.3f} ms{self._overlap()}), peak memory "
             f"{format_bytes(self.predicted_peak_memory_bytes)} per device ({budget})"
             + checkpointing
             + f"; solver {self.solver.get('status')} "
             f"in {self.solver.get('solve_s', 0):.2f} s, gap {self.solver.get('gap', 0):.2g}")
+
+    def _overlap(self) -> str:
+        t = self.step_time
+        if not t:
+            return ""
+        return (f"; gradient sync {t['gradient_sync_s'] * 1e3:.3f} ms, "
+                f"{t['exposed_sync_s'] * 1e3:.3f} ms not hidden by the backward; optimizer "
+                f"{t['optimizer_s'] * 1e3:.3f} ms")
 
     def explain(self, max_rows: int | None = 60) -> str:
         """A table per node of the chosen specs, its cost and its best

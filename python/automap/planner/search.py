@@ -12,8 +12,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from automap.checkpoint.chain import chain_of_plan, coarsen, solve_checkpointing
+from automap.checkpoint.chain import chain_of_plan, choice_of_plan, coarsen, solve_checkpointing
 from automap.checkpoint.record import CheckpointPlan
+from automap.cluster.device import DeviceProfile, resolve_device_profile
 from automap.errors import InfeasibleBudgetError, InvalidMeshError
 from automap.generate.simulate import simulate_step
 from automap.planner.checks import (
@@ -26,6 +27,7 @@ from automap.planner.checks import (
 )
 from automap.planner.plan import EdgePlan, NodePlan, Plan, current_versions, graph_fingerprint
 from automap.planner.plan import format_bytes as _size
+from automap.planner.step_time import step_time
 from automap.sharding.layout import layout_path
 from automap.sharding.mesh import DeviceMesh
 from automap.solve.blocks import detect_blocks
@@ -35,11 +37,6 @@ from automap.solve.memory import estimate_memory, optimizer_temp_factor, timelin
 from automap.solve.strategies import build_strategy_table, restrict
 from automap.trace.example_inputs import describe_inputs
 
-#: Sustained FLOP/s assumed when neither the caller nor the cluster gives one:
-#: an A100's tf32 rate under typical efficiency. Only its ratio to the link
-#: speeds matters for a plan.
-DEFAULT_FLOPS_PER_S = 100e12
-
 #: The two-stage search's budget ladder: the ILP runs at B * (1 + alpha)^n,
 #: n = 0 .. steps - 1, each solution checkpointed within the real budget B.
 LADDER_ALPHA, LADDER_STEPS = 0.25, 10
@@ -48,8 +45,9 @@ CHECKPOINTING = ("auto", "off", "only")
 
 
 def candidate_meshes(mesh, top_k: int = 3, size: int | None = None):
-    """The meshes to plan on and the device FLOP/s if known: a ``DeviceMesh`` or
-    a shape is itself; a ``Cluster`` (or a path to its JSON, written by
+    """The meshes to plan on and what is known of the devices (None, or the
+    ``Cluster.device_profile`` fields and ``kind``): a ``DeviceMesh`` or a
+    shape is itself; a ``Cluster`` (or a path to its JSON, written by
     ``automap detect`` or by hand) gives its ``top_k`` ranked meshes (of
     ``size`` devices when given)."""
     from automap.cluster.cluster import Cluster
@@ -60,7 +58,7 @@ def candidate_meshes(mesh, top_k: int = 3, size: int | None = None):
         meshes = [m for m in mesh.meshes() if size is None or m.size == size][:top_k]
         if not meshes:
             raise InvalidMeshError(f"the cluster has no mesh of {size} devices")
-        return meshes, mesh.sustained_flops_per_s
+        return meshes, {**mesh.device_profile, "kind": mesh.device_kind}
     if mesh is None:
         raise InvalidMeshError("plan needs a mesh (e.g. automap.DeviceMesh((2, 4))) or a "
                                "cluster (automap.Cluster or a cluster JSON path)")
@@ -94,6 +92,8 @@ def plan(
     loss_fn=None,
     optimizer: str = "adamw",
     flops_per_s: float | None = None,
+    memory_bandwidth_bytes_per_s: float | None = None,
+    op_overhead_s: float | None = None,
     strict: bool = False,
     time_limit_s: float = 60.0,
     merge_followers: bool = True,
@@ -119,7 +119,14 @@ def plan(
 
     ``verify``: run one training step of the generated program on fake tensors
     (``automap.generate.simulate``) and report its peak memory; within a budget,
-    plan again until it fits (unless ``reduce_depth``, whose plans are estimates)."""
+    plan again until it fits (unless ``reduce_depth``, whose plans are estimates).
+
+    Step times are priced with the device's sustained ``flops_per_s``,
+    ``memory_bandwidth_bytes_per_s`` and per-kernel ``op_overhead_s`` (see
+    ``automap.cluster.device``): each given one, else the cluster's measured
+    profile, else this process's device measured at first use. Measurements
+    differ between processes: plan on one rank and send the plan (as
+    ``autoparallelize`` does), or give every speed."""
     from automap.trace.profiling import profile_traced
     from automap.trace.tracing import default_loss, trace
 
@@ -127,18 +134,21 @@ def plan(
     optimizer, flops_per_s = check_optimizer(optimizer), check_flops(flops_per_s)
     check_time_limit(time_limit_s)
     check_choice(checkpointing, "checkpointing", CHECKPOINTING)
-    meshes, cluster_flops = candidate_meshes(mesh)
-    flops_per_s = flops_per_s or cluster_flops or DEFAULT_FLOPS_PER_S
+    meshes, known = candidate_meshes(mesh)
     t0 = time.perf_counter()
     # Plans cover the whole training step, so the graph ends in the loss.
     with reduced_depth(model) if reduce_depth else contextlib.nullcontext([]) as stacks:
         traced = trace(model, example_inputs, loss_fn=loss_fn or default_loss)
         profile = profile_traced(traced, optimizer)
+    device = resolve_device_profile(
+        flops_per_s=flops_per_s, memory_bandwidth_bytes_per_s=memory_bandwidth_bytes_per_s,
+        op_overhead_s=op_overhead_s, known=known, kind=(known or {}).get("kind"),
+        dtype=parameter_dtype(traced))
     t1 = time.perf_counter()
     if verbose:
         print(f"automap: traced and profiled {len(traced.nodes)} nodes in {t1 - t0:.2f} s")
     found = plan_best(traced, profile, meshes, memory_budget_bytes, optimizer=optimizer,
-                      flops_per_s=flops_per_s, strict=strict, time_limit_s=time_limit_s,
+                      device=device, strict=strict, time_limit_s=time_limit_s,
                       merge_followers=merge_followers, tie_blocks=tie_blocks or bool(stacks),
                       stacks=stacks, strategy_filter=strategy_filter, trace_s=t1 - t0,
                       checkpointing=checkpointing, verify=verify, verbose=verbose)
@@ -146,22 +156,38 @@ def plan(
     return found
 
 
+def parameter_dtype(traced) -> torch.dtype:
+    """The dtype most parameter bytes have (the matmul rate is measured in it)."""
+    bytes_by_dtype: dict[torch.dtype, int] = {}
+    for state in traced.parameters.values():
+        if state.dtype.is_floating_point:
+            nbytes = int(np.prod(state.shape)) * state.dtype.itemsize
+            bytes_by_dtype[state.dtype] = bytes_by_dtype.get(state.dtype, 0) + nbytes
+    return max(bytes_by_dtype, key=bytes_by_dtype.__getitem__, default=torch.float32)
+
+
 def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
-                optimizer="adamw", flops_per_s=DEFAULT_FLOPS_PER_S, strict=False,
+                optimizer="adamw", device: DeviceProfile | None = None, flops_per_s=None,
+                memory_bandwidth_bytes_per_s=None, op_overhead_s=None, strict=False,
                 time_limit_s=60.0, merge_followers=True, tie_blocks=True, stacks=(),
                 strategy_filter=None, trace_s=0.0, verbose=False, checkpointing="auto",
                 ladder_alpha=LADDER_ALPHA, ladder_steps=LADDER_STEPS, verify=True,
                 backend=None) -> Plan:
-    """``plan`` for an already traced and profiled graph."""
+    """``plan`` for an already traced and profiled graph, priced on ``device``
+    (default: the given speeds, the rest measured on this process's device)."""
     memory_budget_bytes = check_budget(memory_budget_bytes)
     optimizer = check_optimizer(optimizer)
-    flops_per_s = check_flops(flops_per_s) or DEFAULT_FLOPS_PER_S
+    flops_per_s = check_flops(flops_per_s)
     check_time_limit(time_limit_s)
     check_choice(checkpointing, "checkpointing", CHECKPOINTING)
+    if device is None:
+        device = resolve_device_profile(
+            flops_per_s=flops_per_s, memory_bandwidth_bytes_per_s=memory_bandwidth_bytes_per_s,
+            op_overhead_s=op_overhead_s, dtype=parameter_dtype(traced))
     t0 = time.perf_counter()
-    table = build_strategy_table(traced, profile, mesh, flops_per_s=flops_per_s,
-                                 optimizer=optimizer, strict=strict)
-    check_costs(table, mesh, flops_per_s)
+    table = build_strategy_table(traced, profile, mesh, device=device, optimizer=optimizer,
+                                 strict=strict)
+    check_costs(table, mesh, device.flops_per_s)
     if strategy_filter is not None:
         restrict(table, strategy_filter)
     t1 = time.perf_counter()
@@ -183,9 +209,9 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
 
     def package(sol, checkpoint=None):
         estimate = estimate_memory(table, sol.choice, line, optimizer, node_weight)
-        return _package(traced, table, sol, mesh, memory_budget_bytes, node_weight, edge_weight,
-                        blocks, stacks, flops_per_s, optimizer, trace_s, t1 - t0, checkpoint,
-                        estimate)
+        return _package(traced, profile, table, sol, mesh, memory_budget_bytes, node_weight,
+                        edge_weight, blocks, stacks, device, optimizer, trace_s, t1 - t0,
+                        checkpoint, estimate)
 
     def search(budget):
         if budget is None or checkpointing == "off":
@@ -364,8 +390,8 @@ def _checkpointed_least(traced, profile, table, sol, repeats) -> float:
     return max(chain.persistent_bytes + activations, _optimizer_step_bytes(chain, table))
 
 
-def _package(traced, table, sol, mesh, memory_budget_bytes, node_weight, edge_weight, blocks,
-             stacks, flops_per_s, optimizer, trace_s, strategies_s, checkpoint,
+def _package(traced, profile, table, sol, mesh, memory_budget_bytes, node_weight,
+             edge_weight, blocks, stacks, device, optimizer, trace_s, strategies_s, checkpoint,
              estimate) -> Plan:
     nodes: dict[str, NodePlan] = {}
     compute = comm = 0.0
@@ -407,11 +433,12 @@ def _package(traced, table, sol, mesh, memory_budget_bytes, node_weight, edge_we
         breakdown = {"parameters and optimizer state, inputs": checkpoint.persistent_bytes,
                      "activations, gradients and temporaries (checkpointed)": activations}
         at = "the checkpointed step"
+    timeline = step_time(profile, table, sol.choice, node_weight, edge_weight, checkpoint)
     return Plan(
         mesh=mesh,
         nodes=nodes,
         edges=edges,
-        predicted_step_s=compute + comm + recompute,
+        predicted_step_s=timeline.step_s,
         predicted_compute_s=compute,
         predicted_communication_s=comm,
         predicted_peak_memory_bytes=peak,
@@ -420,7 +447,7 @@ def _package(traced, table, sol, mesh, memory_budget_bytes, node_weight, edge_we
         memory_budget_bytes=memory_budget_bytes,
         memory_binding=sol.memory_binding or recompute > 0,
         graph_fingerprint=graph_fingerprint(traced),
-        cost_constants={"flops_per_s": flops_per_s, "optimizer": optimizer},
+        cost_constants={**device.to_dict(), "optimizer": optimizer},
         solver={"status": sol.status, "gap": sol.gap, "objective_s": sol.objective_s,
                 "build_s": sol.build_s, "solve_s": sol.solve_s, "trace_s": trace_s,
                 "strategies_s": strategies_s, "binaries": sol.num_binaries,
@@ -430,4 +457,15 @@ def _package(traced, table, sol, mesh, memory_budget_bytes, node_weight, edge_we
         unsupported_ops={op: len(v) for op, v in table.unsupported_ops.items()},
         versions=current_versions(),
         checkpoint=checkpoint,
+        step_time=timeline.to_dict(),
     )
+
+
+def reprice(traced, profile, plan: Plan, device: DeviceProfile, optimizer: str = "adamw",
+            mesh: DeviceMesh | None = None):
+    """The ``StepTime`` of ``plan`` (made for ``traced``) priced on ``device``
+    and ``mesh`` (default: the plan's; same shape): the same strategies under
+    other speeds."""
+    table = build_strategy_table(traced, profile, mesh or plan.mesh, device=device,
+                                 optimizer=optimizer)
+    return step_time(profile, table, choice_of_plan(table, plan), checkpoint=plan.checkpoint)

@@ -50,7 +50,7 @@ TOP_FIELDS = {"schema_version": "index", "versions": dict, "graph_fingerprint": 
               "memory_budget_bytes": "bytes?", "memory_binding": bool,
               "memory_breakdown": "breakdown", "memory_breakdown_at": str,
               "unsupported_ops": dict, "checkpoint": "checkpoint?", "inputs": "inputs?",
-              "nodes": list, "edges": list}
+              "step_time": "breakdown", "nodes": list, "edges": list}
 INPUT_FORMS = ("tensor", "sequence", "dict")
 
 
@@ -152,7 +152,7 @@ def _check_value(where: str, value, kind) -> None:
         if not isinstance(value, dict) or not all(
                 isinstance(k, str) and _is_number(v) and math.isfinite(v)
                 for k, v in value.items()):
-            _fail(where, value, "it must map categories to finite numbers of bytes")
+            _fail(where, value, "it must map names to finite numbers")
     elif kind == "checkpoint":
         _check_record(where, value, CHECKPOINT_FIELDS)
     elif kind == "inputs":

@@ -32,6 +32,11 @@ import torch.distributed as dist
 
 from automap.sharding.process_groups import AxisGroup
 
+#: Bucket size of the data-parallel gradient all-reduce (``generate.grad_sync``
+#: fills buckets of it; ``planner.step_time`` predicts them).
+DEFAULT_BUCKET_BYTES = 25 * 2**20
+
+
 Steps = Generator[object, None, torch.Tensor]
 """A collective as a generator: it launches each step asynchronously, yields the
 step's work handle and resumes once the caller has waited for it; its return

@@ -71,9 +71,16 @@ def multiplicities(blocks, stacks: list[Stack], edges):
             for name in instance:
                 where[name] = (c, i, stack)
     node_weight = {name: s.depth / s.kept for name, (_, _, s) in where.items()}
+    # Instances of each class that a tensor from outside the class feeds.
+    feeds: dict[tuple, set] = {}
+    for producer, o, consumer, _ in edges:
+        into = where.get(consumer)
+        came = where.get(producer)
+        if into is not None and (came is None or came[0] != into[0]):
+            feeds.setdefault((producer, o, into[0]), set()).add(into[1])
     edge_weight = {}
     for edge in edges:
-        producer, _, consumer, _ = edge
+        producer, o, consumer, _ = edge
         into = where.get(consumer)
         if into is None:
             continue
@@ -81,6 +88,11 @@ def multiplicities(blocks, stacks: list[Stack], edges):
         came = where.get(producer)
         if came is not None and came[0] == c and came[1] == i - 1:
             edge_weight[edge] = (s.depth - 1) / (s.kept - 1)  # block to next block
+        elif came is None or came[0] != c:
+            # From outside: into every block (a mask), or only into the first
+            # (the stream entering the stack), once.
+            every = len(feeds[(producer, o, c)]) == s.kept
+            edge_weight[edge] = s.depth / s.kept if every else 1.0
         else:
             edge_weight[edge] = s.depth / s.kept
     return node_weight, edge_weight

@@ -11,7 +11,9 @@
 - Repeated blocks (TAP) share the first instance's variables, so the
   problem does not grow with depth; boundary edges stay exact.
 - Objective: estimated step time in seconds (compute + node collectives +
-  conversions, forward and backward).
+  conversions, forward and backward, + the optimizer step), every term in
+  sequence (the reported prediction overlaps gradient buckets, see
+  ``planner/step_time.py``).
 - Memory: the rows of ``automap.solve.memory``'s model (the forward and the
   backward of every node where memory changes, and the optimizer step) must
   fit the budget; running sums keep the rows short.

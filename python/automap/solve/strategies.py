@@ -13,12 +13,23 @@ import numpy as np
 import torch
 
 from automap import _core
+from automap.cluster.device import DeviceProfile, resolve_device_profile
 from automap.errors import AutomapError, UnsupportedOpError
+from automap.sharding.layout import layout_path
 from automap.sharding.spec import ShardingSpec, enumerate_specs
 from automap.solve.signatures import Signature, TensorRef, op_family, signature
 
 #: Optimizer state per parameter byte (fp32 state for fp32 parameters).
 OPTIMIZER_STATE_FACTOR = {"sgd": 0, "sgd_momentum": 1, "momentum": 1, "adam": 2, "adamw": 2}
+
+#: The optimizer step per parameter tensor, as torch runs it one tensor at a
+#: time: (bytes read and written per byte of the parameter, kernels). SGD:
+#: ``p.add_(g)``; with momentum ``buf.mul_().add_(g)``, ``p.add_(buf)``; Adam:
+#: ``step += 1``, ``m.lerp_(g)``, ``v.mul_().addcmul_(g, g)``,
+#: ``(v.sqrt() / c).add_(eps)`` and ``p.addcdiv_(m, denom)``; AdamW also
+#: ``p.mul_(1 - lr * wd)``.
+OPTIMIZER_STEP = {"sgd": (3, 1), "sgd_momentum": (8, 3), "momentum": (8, 3), "adam": (18, 8),
+                  "adamw": (20, 9)}
 
 
 @dataclass
@@ -77,13 +88,16 @@ class NodeOptions:
     # Per strategy: (partial axes, scatter dim or None, gradient-reduction axes
     # per input), the collectives the node itself runs; None: no collective.
     reductions: list | None = None
+    # Per strategy of a parameter: the optimizer step on its shard; None: zeros.
+    optimizer_s: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.in_specs)
 
     @property
     def time_s(self) -> np.ndarray:
-        return self.compute_s + self.forward_comm_s + self.backward_comm_s
+        time = self.compute_s + self.forward_comm_s + self.backward_comm_s
+        return time if self.optimizer_s is None else time + self.optimizer_s
 
 
 @dataclass
@@ -98,6 +112,17 @@ class StrategyTable:
         for node in self.nodes.values():
             for k, (producer, o) in enumerate(node.inputs):
                 yield producer, o, node.name, k
+
+    def conversions(self, choice: dict[str, int]):
+        """(edge, tensor info, destination spec, ``LayoutPath``) of every edge
+        whose two sides disagree under ``choice`` (strategy index per node)."""
+        for producer, o, consumer, k in self.edges():
+            src = self.nodes[producer].out_specs[choice[producer]][o]
+            dst = self.nodes[consumer].in_specs[choice[consumer]][k]
+            if src != dst:
+                info = self.nodes[producer].outputs[o]
+                path = layout_path(self.mesh, src, dst, info.shape, info.dtype_bytes)
+                yield (producer, o, consumer, k), info, dst, path
 
 
 def _tensor_infos(val) -> list[TensorInfo]:
@@ -130,13 +155,23 @@ def build_strategy_table(
     profile,
     mesh,
     *,
-    flops_per_s: float,
+    device: DeviceProfile | None = None,
+    flops_per_s: float | None = None,
+    memory_bandwidth_bytes_per_s: float | None = None,
+    op_overhead_s: float | None = None,
     optimizer: str = "adamw",
     strict: bool = False,
 ) -> StrategyTable:
     """Strategies of every node of ``traced`` (a ``TracedGraph``) on ``mesh``,
-    priced with ``profile`` (a ``Profile`` of the same graph)."""
-    opt_factor = OPTIMIZER_STATE_FACTOR[optimizer.lower()] if optimizer else 0  # None: no state
+    priced with ``profile`` (a ``Profile`` of the same graph) on ``device``
+    (default: the given speeds, the rest measured on this process's device)."""
+    if device is None:
+        device = resolve_device_profile(flops_per_s=flops_per_s,
+                                        memory_bandwidth_bytes_per_s=memory_bandwidth_bytes_per_s,
+                                        op_overhead_s=op_overhead_s)
+    # optimizer None: no state and no step
+    opt_factor = OPTIMIZER_STATE_FACTOR[optimizer.lower()] if optimizer else 0
+    opt_step = OPTIMIZER_STEP[optimizer.lower()] if optimizer else (0, 0)
     shard_count = ShardCounts(mesh)
     infos: dict[str, list[TensorInfo]] = {}
     needs_grad: dict[str, bool] = {}
@@ -151,7 +186,7 @@ def build_strategy_table(
             infos[node.name] = outs
             state = traced.state_of(node.name)
             nodes[node.name] = _source_options(node.name, outs, mesh, shard_count, state,
-                                               opt_factor)
+                                               opt_factor, opt_step, device)
             needs_grad[node.name] = bool(state is not None and state.requires_grad)
             if state is not None and state.kind == "parameter" and state.requires_grad:
                 params.add(node.name)
@@ -170,7 +205,7 @@ def build_strategy_table(
             needs_grad[node.name] = any(grads) and any(o.is_float for o in outs)
             prof = profile.by_name.get(node.name) if profile is not None else None
             nodes[node.name] = _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count,
-                                           flops_per_s, params)
+                                           device, params)
         elif node.op == "output":
             refs = []
             for a in _flatten(node.args[0]):
@@ -196,6 +231,7 @@ def build_strategy_table(
                 node.tied_to = canonical.node
                 node.state_bytes = np.zeros(len(node))
                 node.grad_bytes = np.zeros(len(node))
+                node.optimizer_s = None
     return StrategyTable(mesh, nodes, unsupported,
                          optimizer if isinstance(optimizer, str) else "adamw")
 
@@ -219,7 +255,8 @@ def _fixed_options(name, op, kind, inputs, outputs, in_specs, out_specs) -> Node
                        *(np.zeros(n) for _ in PER_STRATEGY))
 
 
-def _source_options(name, outs, mesh, shard_count, state, opt_factor) -> NodeOptions:
+def _source_options(name, outs, mesh, shard_count, state, opt_factor, opt_step,
+                    device: DeviceProfile) -> NodeOptions:
     kind = "input" if state is None else state.kind
     if not outs:
         return _fixed_options(name, "placeholder", kind, [], [], [()], [()])
@@ -232,6 +269,9 @@ def _source_options(name, outs, mesh, shard_count, state, opt_factor) -> NodeOpt
         node.state_bytes = local * (1 + (opt_factor if state.requires_grad else 0))
         if state.requires_grad:
             node.grad_bytes = local
+            passes, kernels = opt_step
+            node.optimizer_s = (passes * local / device.memory_bandwidth_bytes_per_s
+                                + kernels * device.op_overhead_s)
     elif kind in ("buffer", "constant"):
         node.state_bytes = local
     else:  # a user input: every rank is handed the global batch
@@ -241,16 +281,40 @@ def _source_options(name, outs, mesh, shard_count, state, opt_factor) -> NodeOpt
     return node
 
 
-def _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count, flops_per_s,
+def _work_s(device: DeviceProfile, flops: float, in_bytes, out_bytes, grads) -> float:
+    """The roofline of a node's local work, as the Rust generator prices an
+    einsum strategy: the forward reads the inputs and writes the outputs (one
+    kernel); with gradients, the backward reads the output gradient and the
+    inputs and writes each needed input gradient (a kernel each)."""
+    moved = sum(in_bytes) + sum(out_bytes)
+    needed = [b for b, g in zip(in_bytes, grads) if g]
+    if needed:
+        return device.work_s(flops, 2 * moved + sum(needed), 1 + len(needed))
+    return device.work_s(flops, moved, 1)
+
+
+def _is_view(node) -> bool:
+    """Whether the op returns a view of an input (no bytes move)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or not schema.returns:
+        return False
+    alias = schema.returns[0].alias_info
+    return alias is not None and not alias.is_write
+
+
+def _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count, device: DeviceProfile,
                 params):
     flops = float(prof.fwd_flops + prof.bwd_flops) if prof is not None else 0.0
     name, op = node.name, op_family(node)
     reductions = None  # only einsum strategies run collectives of their own
+    # A view's kernels: its forward, and its backward when a gradient flows.
+    view_s = device.op_overhead_s * (2 if any(grads) else 1)
     if sig.kind == "einsum":
         in_specs, out_specs, costs, reductions = _core.einsum_strategies(
-            mesh, flops_per_s, sig.letter_sizes, sig.unshardable, sig.input_letters,
-            sig.output_letters, [float(i.nbytes) for i in ins], [float(o.nbytes) for o in outs],
-            grads, sig.additive_flags(), flops)
+            mesh, device.flops_per_s, device.memory_bandwidth_bytes_per_s, device.op_overhead_s,
+            sig.letter_sizes, sig.unshardable, sig.input_letters, sig.output_letters,
+            [float(i.nbytes) for i in ins], [float(o.nbytes) for o in outs], grads,
+            sig.additive_flags(), flops, _is_view(node))
         costs = np.frombuffer(costs, dtype=np.float64).reshape(-1, 3)
         in_specs = [tuple(s) for s in in_specs]
         if sig.split_reductions is not None:
@@ -262,6 +326,7 @@ def _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count, flops_per_
         in_specs = [(a,) for a, _ in pairs]
         out_specs = [(b,) for _, b in pairs]
         costs = np.zeros((len(pairs), 3))
+        costs[:, 0] = view_s
     elif sig.kind == "source":
         specs = [str(s) for s in enumerate_specs(outs[0].shape, mesh)] if len(outs) == 1 else []
         if not specs:
@@ -269,10 +334,15 @@ def _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count, flops_per_
         in_specs = [() for _ in specs]
         out_specs = [(s,) for s in specs]
         costs = np.zeros((len(specs), 3))
+        # A source writes its (local) output.
+        written = sum(o.nbytes for o in outs)
+        costs[:, 0] = [device.work_s(0.0, written / shard_count(s) if len(outs) == 1 else written,
+                                     1) for s in specs]
     else:  # replicated: every device runs the whole op
         in_specs = [tuple("R" * len(i.shape) for i in ins)]
         out_specs = [tuple("R" * len(o.shape) for o in outs)]
-        costs = np.array([[flops / flops_per_s, 0.0, 0.0]])
+        work = _work_s(device, flops, [i.nbytes for i in ins], [o.nbytes for o in outs], grads)
+        costs = np.array([[work, 0.0, 0.0]])
     if sig.kind == "einsum" and len(sig.output_letters) != len(outs):
         raise ValueError(f"{name}: signature has {len(sig.output_letters)} outputs, node "
                          f"{len(outs)}")
@@ -397,5 +467,7 @@ def restrict(table: StrategyTable, keep) -> None:
             node.reductions = [node.reductions[i] for i in idx]
         if node.saved_input_bytes is not None:
             node.saved_input_bytes = node.saved_input_bytes[idx]
+        if node.optimizer_s is not None:
+            node.optimizer_s = node.optimizer_s[idx]
         for attr in PER_STRATEGY:
             setattr(node, attr, getattr(node, attr)[idx])

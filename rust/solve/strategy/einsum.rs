@@ -41,18 +41,31 @@ pub struct EinsumSignature {
     pub input_additive: Vec<bool>,
     /// Forward + backward FLOPs of the whole node.
     pub flops: f64,
+    /// The outputs are views of an input (a transpose, a slice): no bytes
+    /// move, only the kernels' fixed cost is paid.
+    pub is_view: bool,
 }
 
-/// Link model and compute speed the costs are priced with.
+/// Link model and device speed the costs are priced with.
 #[derive(Debug, Clone)]
 pub struct CostModel {
     pub mesh_shape: Vec<usize>,
     pub alpha_s: Vec<f64>,
     pub bandwidth_bytes_per_s: Vec<f64>,
     pub flops_per_s: f64,
+    pub memory_bandwidth_bytes_per_s: f64,
+    /// Fixed time of one kernel (dispatch and launch), seconds.
+    pub op_overhead_s: f64,
 }
 
 impl CostModel {
+    /// Roofline time of local work (`flops` and `bytes` read and written)
+    /// plus the fixed cost of each of its `kernels`.
+    pub fn work_s(&self, flops: f64, bytes: f64, kernels: f64) -> f64 {
+        (flops / self.flops_per_s).max(bytes / self.memory_bandwidth_bytes_per_s)
+            + kernels * self.op_overhead_s
+    }
+
     /// One collective over a set of mesh axes, by the algorithm that will run it
     /// (one flat ring or per-axis steps, whichever is cheaper: `sharding::collective`).
     pub fn collective_s(&self, kind: Collective, bytes: f64, axes: &[usize]) -> f64 {
@@ -108,12 +121,18 @@ impl EinsumSignature {
         for &b in self.input_bytes.iter().chain(&self.output_bytes) {
             finite("operand bytes", b)?;
         }
-        if !(cost.flops_per_s.is_finite() && cost.flops_per_s > 0.0) {
-            return invalid_argument(format!(
-                "flops_per_s must be finite and > 0, got {}",
-                cost.flops_per_s
-            ));
+        for (what, x) in [
+            ("flops_per_s", cost.flops_per_s),
+            (
+                "memory_bandwidth_bytes_per_s",
+                cost.memory_bandwidth_bytes_per_s,
+            ),
+        ] {
+            if !(x.is_finite() && x > 0.0) {
+                return invalid_argument(format!("{what} must be finite and > 0, got {x}"));
+            }
         }
+        finite("op_overhead_s", cost.op_overhead_s)?;
         let axes = cost.mesh_shape.len();
         if cost.alpha_s.len() != axes
             || cost.bandwidth_bytes_per_s.len() != axes
@@ -237,6 +256,44 @@ fn shard_count(operand: &[usize], per_letter: &[Vec<usize>], mesh_shape: &[usize
         .product()
 }
 
+/// The node's local forward and backward work: its share of the FLOPs, and
+/// the local bytes it reads and writes. The forward reads the inputs and
+/// writes the outputs (one kernel); the backward, when any input needs a
+/// gradient, reads the output gradient and the inputs and writes one gradient
+/// per such input (a kernel each). A view moves no bytes.
+fn local_work_s(
+    sig: &EinsumSignature,
+    cost: &CostModel,
+    per_letter: &[Vec<usize>],
+    all_assigned: f64,
+    output_local: &[f64],
+) -> f64 {
+    let mesh = &cost.mesh_shape;
+    let input_local: Vec<f64> = sig
+        .inputs
+        .iter()
+        .zip(&sig.input_bytes)
+        .map(|(op, &b)| b / shard_count(op, per_letter, mesh))
+        .collect();
+    let forward_bytes: f64 = input_local.iter().sum::<f64>() + output_local.iter().sum::<f64>();
+    let grads: Vec<f64> = input_local
+        .iter()
+        .zip(&sig.input_needs_grad)
+        .filter(|(_, &g)| g)
+        .map(|(&b, _)| b)
+        .collect();
+    let (bytes, kernels) = if grads.is_empty() {
+        (forward_bytes, 1.0)
+    } else {
+        (
+            2.0 * forward_bytes + grads.iter().sum::<f64>(),
+            1.0 + grads.len() as f64,
+        )
+    };
+    let bytes = if sig.is_view { 0.0 } else { bytes };
+    cost.work_s(sig.flops / all_assigned, bytes, kernels)
+}
+
 fn price(
     sig: &EinsumSignature,
     cost: &CostModel,
@@ -250,7 +307,6 @@ fn price(
         .flatten()
         .map(|&a| mesh[a] as f64)
         .product();
-    let compute_s = sig.flops / all_assigned / cost.flops_per_s;
     let partial: Vec<usize> = {
         let mut p: Vec<usize> = (0..per_letter.len())
             .filter(|&l| contracted[l])
@@ -294,6 +350,7 @@ fn price(
         .zip(&sig.output_bytes)
         .map(|(op, &b)| b / shard_count(op, per_letter, mesh))
         .collect();
+    let compute_s = local_work_s(sig, cost, per_letter, all_assigned, &output_local);
     // Partial sums made whole by an all-reduce: outputs as assigned.
     let all_reduce_s: f64 = output_local
         .iter()
@@ -370,6 +427,8 @@ mod tests {
             alpha_s: vec![1e-5; mesh.len()],
             bandwidth_bytes_per_s: vec![1e9; mesh.len()],
             flops_per_s: 1e12,
+            memory_bandwidth_bytes_per_s: 1e11,
+            op_overhead_s: 1e-6,
         }
     }
 
@@ -385,6 +444,7 @@ mod tests {
             input_needs_grad: vec![true, true],
             input_additive: vec![false, false],
             flops: (6 * b * k * n) as f64,
+            is_view: false,
         }
     }
 
@@ -429,9 +489,70 @@ mod tests {
         );
         assert_eq!(row.backward_comm_s, 0.0);
         assert_eq!(find(&s, "RS0", "RS0", "S0R").len(), 1); // reduce-scatter onto b
-        assert!((row.compute_s - 6.0 * 8.0 * 16.0 * 32.0 / 4.0 / 1e12).abs() < 1e-18);
+                                                            // Local work: a quarter of the FLOPs; x and w shards, the whole (partial)
+                                                            // output; three kernels (forward, input and weight gradients).
+        let (x, w, y) = (8.0 * 16.0, 32.0 * 16.0, 8.0 * 32.0 * 4.0);
+        let bytes = 2.0 * (x + w + y) + (x + w);
+        let flops = 6.0 * 8.0 * 16.0 * 32.0 / 4.0;
+        assert_eq!(row.compute_s, c.work_s(flops, bytes, 3.0));
+        // This small layer is memory-bound: bytes over bandwidth, plus overheads.
+        assert!((row.compute_s - (bytes / 1e11 + 3e-6)).abs() < 1e-18);
+    }
+
+    #[test]
+    fn compute_bound_work_is_flops_over_rate() {
+        let mut c = cost(&[4]);
+        c.memory_bandwidth_bytes_per_s = 1e15;
+        let s = einsum_strategies(&linear(8, 16, 32), &c).unwrap();
+        let row = find(&s, "RS0", "RS0", "RR")[0];
         let rep = find(&s, "RR", "RR", "RR")[0];
-        assert!((rep.compute_s - 4.0 * row.compute_s).abs() < 1e-18);
+        let flops = 6.0 * 8.0 * 16.0 * 32.0;
+        assert!((rep.compute_s - (flops / 1e12 + 3e-6)).abs() < 1e-15);
+        assert!((row.compute_s - (flops / 4.0 / 1e12 + 3e-6)).abs() < 1e-15);
+    }
+
+    /// y = f(x) elementwise on [b, n], no FLOPs counted (a GELU, a dropout).
+    fn unary(b: usize, n: usize, needs_grad: bool) -> EinsumSignature {
+        let bytes = (b * n * 4) as f64;
+        EinsumSignature {
+            letter_sizes: vec![b, n],
+            unshardable: vec![false; 2],
+            inputs: vec![vec![0, 1]],
+            outputs: vec![vec![0, 1]],
+            input_bytes: vec![bytes],
+            output_bytes: vec![bytes],
+            input_needs_grad: vec![needs_grad],
+            input_additive: vec![false],
+            flops: 0.0,
+            is_view: false,
+        }
+    }
+
+    #[test]
+    fn elementwise_work_is_bytes_over_bandwidth_plus_overhead() {
+        let c = cost(&[4]);
+        let full = 64.0 * 256.0 * 4.0;
+        let s = einsum_strategies(&unary(64, 256, true), &c).unwrap();
+        let split = s
+            .iter()
+            .find(|st| st.outputs[0].to_string() == "S0R")
+            .unwrap();
+        // Forward: read x, write y; backward: read dy and x, write dx.
+        let local = full / 4.0;
+        let expected = 5.0 * local / 1e11 + 2.0 * 1e-6;
+        assert!((split.compute_s - expected).abs() < 1e-18);
+        let whole = s
+            .iter()
+            .find(|st| st.outputs[0].to_string() == "RR")
+            .unwrap();
+        assert!((whole.compute_s - (5.0 * full / 1e11 + 2e-6)).abs() < 1e-18);
+        // Without a gradient, only the forward kernel runs.
+        let s = einsum_strategies(&unary(64, 256, false), &c).unwrap();
+        let whole = s
+            .iter()
+            .find(|st| st.outputs[0].to_string() == "RR")
+            .unwrap();
+        assert!((whole.compute_s - (2.0 * full / 1e11 + 1e-6)).abs() < 1e-18);
     }
 
     #[test]

@@ -1,0 +1,203 @@
+"""The predicted step time of a plan, on one timeline: the forward, then the
+backward with the data-parallel gradient buckets all-reduced alongside it,
+then the optimizer step.
+
+Per node, the chosen strategy's compute (split between forward and backward
+by its profiled FLOPs), its own collectives and the layout conversions into
+it run in order on the compute stream. Gradients that the generated program
+leaves to ``GradientSync`` (``generate/grad_sync.py``: a parameter read as
+stored by every use, each reducing its gradient over the same mesh axes) are
+packed by the same rule (``DEFAULT_BUCKET_BYTES``, one open bucket per set of axes, in
+reverse order of first use); a bucket is ready when the backward has passed
+the first use of each of its parameters, and the buckets' all-reduces run one
+at a time on a communication stream beside the backward. The step waits for
+the last bucket, then runs the optimizer on every parameter shard.
+
+The ILP prices these terms linearly: every gradient all-reduced on its own
+and in full, nothing overlapped. ``sequential_s`` is this timeline without
+the overlap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from automap.sharding.collectives import DEFAULT_BUCKET_BYTES
+from automap.solve.strategies import ShardCounts
+
+#: Forward share of a node's work when the profiler counts no FLOPs for it
+#: (elementwise ops): the forward moves 2 of the 5 tensors an elementwise op
+#: with a gradient moves (x, y forward; dy, x, dx backward).
+FORWARD_SHARE_WITHOUT_FLOPS = 0.4
+
+
+@dataclass
+class StepTime:
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    gradient_sync_s: float  # the buckets' all-reduces, overlapped or not
+    exposed_sync_s: float  # the part of them that the backward does not hide
+    optimizer_s: float
+    buckets: int
+
+    @property
+    def step_s(self) -> float:
+        return (self.forward_s + self.recompute_s + self.backward_s + self.exposed_sync_s
+                + self.optimizer_s)
+
+    @property
+    def sequential_s(self) -> float:
+        """The same terms added up without overlap."""
+        return (self.forward_s + self.recompute_s + self.backward_s + self.gradient_sync_s
+                + self.optimizer_s)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "step_s": self.step_s, "sequential_s": self.sequential_s}
+
+
+def deferred_gradients(table, choice) -> dict[str, tuple[tuple[int, ...], float]]:
+    """Parameter placeholder -> (mesh axes, local bytes) of the gradients the
+    generated program all-reduces in buckets (``defer_parameter_gradient_sync``
+    in ``generate/build.py``): every use reads the parameter as stored
+    and reduces its gradient over the same axes. Tied placeholders count as
+    their canonical one."""
+    uses: dict[str, list] = {}
+    for producer, o, consumer, k in table.edges():
+        node = table.nodes[producer]
+        if node.kind == "parameter":
+            uses.setdefault(node.tied_to or producer, []).append((producer, o, consumer, k))
+    shard_count = ShardCounts(table.mesh)
+    out = {}
+    for param, edges in uses.items():
+        axes = set()
+        for producer, o, consumer, k in edges:
+            src = table.nodes[producer].out_specs[choice[producer]][o]
+            node = table.nodes[consumer]
+            c = choice[consumer]
+            grads = node.reductions[c][2] if node.reductions is not None else []
+            reduce = tuple(grads[k]) if k < len(grads) else ()
+            axes.add(reduce if src == node.in_specs[c][k] else None)
+        if len(axes) != 1 or None in axes or () in axes:
+            continue
+        spec = table.nodes[param].out_specs[choice[param]][0]
+        out[param] = (axes.pop(), table.nodes[param].outputs[0].nbytes / shard_count(spec))
+    return out
+
+
+def recomputed_forwards(checkpoint) -> dict[str, int]:
+    """Per node, how many times a checkpoint schedule runs its forward again."""
+    if checkpoint is None:
+        return {}
+    forwards: dict[int, int] = {}
+    for op, stage, _ in checkpoint.timeline:
+        if op.startswith("forward"):
+            forwards[stage] = forwards.get(stage, 0) + 1
+    counts: dict[str, int] = {}
+    for stage, runs in forwards.items():
+        for name in checkpoint.stages[stage]:
+            counts[name] = counts.get(name, 0) + runs - 1
+    return counts
+
+
+@dataclass
+class Bucket:
+    axes: tuple[int, ...]
+    params: list[str]  # parameter placeholders, in the order they join
+    nbytes: float = 0.0
+
+
+def gradient_buckets(table, choice, node_weight=None, bucket_bytes: int = DEFAULT_BUCKET_BYTES
+                     ) -> tuple[list[Bucket], dict[str, str]]:
+    """The buckets ``GradientSync`` fills for the deferred gradients (reverse
+    order of first use, one open bucket per set of axes), and each deferred
+    parameter's first consumer (its gradient is ready when the backward has
+    passed it)."""
+    node_weight = node_weight or {}
+    deferred = deferred_gradients(table, choice)
+    first_use: dict[str, str] = {}
+    for producer, _, consumer, _ in table.edges():
+        param = table.nodes[producer].tied_to or producer
+        if param in deferred and param not in first_use:
+            first_use[param] = consumer
+    position = {name: i for i, name in enumerate(table.nodes)}
+    buckets: list[Bucket] = []
+    open_by_axes: dict[tuple, Bucket] = {}
+    for param in sorted(first_use, key=lambda p: position[first_use[p]])[::-1]:
+        axes, nbytes = deferred[param]
+        nbytes *= node_weight.get(param, 1.0)
+        bucket = open_by_axes.get(axes)
+        if bucket is None or bucket.nbytes + nbytes > bucket_bytes:
+            bucket = open_by_axes[axes] = Bucket(axes, [])
+            buckets.append(bucket)
+        bucket.params.append(param)
+        bucket.nbytes += nbytes
+    return buckets, first_use
+
+
+def step_time(profile, table, choice, node_weight=None, edge_weight=None, checkpoint=None,
+              bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> StepTime:
+    """The overlapped step time of the strategies ``choice`` picks from
+    ``table`` (see the module docstring). ``node_weight`` / ``edge_weight``:
+    how often each node or edge occurs in the real model (depth-reduced
+    planning); a ``checkpoint`` plan's recomputed forwards (with their
+    collectives and conversions) run at the start of the backward."""
+    node_weight, edge_weight = node_weight or {}, edge_weight or {}
+    mesh = table.mesh
+    # Conversions into each node: forward and backward seconds, as often as
+    # they occur; and forward seconds once, for recomputation.
+    into_fwd: dict[str, float] = {}
+    into_bwd: dict[str, float] = {}
+    into_once: dict[str, float] = {}
+    for edge, _, _, path in table.conversions(choice):
+        consumer, w = edge[2], edge_weight.get(edge, 1.0)
+        into_fwd[consumer] = into_fwd.get(consumer, 0.0) + w * path.forward_cost_s
+        into_bwd[consumer] = into_bwd.get(consumer, 0.0) + w * path.backward_cost_s
+        into_once[consumer] = into_once.get(consumer, 0.0) + path.forward_cost_s
+
+    buckets, first_use = gradient_buckets(table, choice, node_weight, bucket_bytes)
+    deferred = deferred_gradients(table, choice)
+
+    recomputed = recomputed_forwards(checkpoint)
+    forward = optimizer = recompute_s = 0.0
+    backward: list[tuple[str, float]] = []  # per node in graph order
+    for name, node in table.nodes.items():
+        c = choice[name]
+        w = node_weight.get(name, 1.0)
+        prof = profile.by_name.get(name) if profile is not None else None
+        flops = (prof.fwd_flops + prof.bwd_flops) if prof is not None else 0
+        share = prof.fwd_flops / flops if flops else FORWARD_SHARE_WITHOUT_FLOPS
+        compute = float(node.compute_s[c])
+        bwd_comm = float(node.backward_comm_s[c])
+        for producer, _ in node.inputs:
+            param = table.nodes[producer].tied_to or producer
+            if param in deferred:  # all-reduced in a bucket, not by the node
+                axes, nbytes = deferred[param]
+                bwd_comm -= mesh.all_reduce_cost_s(nbytes, axes)
+        node_forward = compute * share + float(node.forward_comm_s[c])
+        forward += w * node_forward + into_fwd.get(name, 0.0)
+        recompute_s += recomputed.get(name, 0) * (node_forward + into_once.get(name, 0.0))
+        backward.append((name, w * (compute * (1 - share) + max(bwd_comm, 0.0))
+                         + into_bwd.get(name, 0.0)))
+        if node.optimizer_s is not None:
+            optimizer += w * float(node.optimizer_s[c])
+
+    # When the backward passes each node (it runs the nodes in reverse order).
+    clock = forward + recompute_s
+    done_at: dict[str, float] = {}
+    for name, seconds in reversed(backward):
+        clock += seconds
+        done_at[name] = clock
+    compute_end = clock
+
+    # One communication stream: each bucket starts when it is ready and the
+    # previous one is done.
+    ready = [max(done_at[first_use[p]] for p in b.params) for b in buckets]
+    sync = stream_free = 0.0
+    for start, bucket in sorted(zip(ready, buckets), key=lambda rb: rb[0]):
+        cost = mesh.all_reduce_cost_s(bucket.nbytes, bucket.axes)
+        sync += cost
+        stream_free = max(stream_free, start) + cost
+    exposed = max(0.0, stream_free - compute_end)
+    return StepTime(forward, compute_end - forward - recompute_s, recompute_s, sync, exposed,
+                    optimizer, len(buckets))
