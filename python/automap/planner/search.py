@@ -221,66 +221,91 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
 
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     verify = verify and not stacks  # a depth-reduced plan is not generated: no simulation
-    try:
-        found = search(memory_budget_bytes)
-    except InfeasibleBudgetError as err:
-        if verify and err.smallest_feasible_budget_bytes:
-            raise _simulated_least(err, search, traced, optimizer, backend) from None
-        raise
     if not verify:
-        return found
-    # The model bounds what the program allocates; the simulated step measures it.
-    # Where the model is short of it, plan again against a budget shrunk by the gap.
-    budget = memory_budget_bytes
-    for _ in range(VERIFY_ROUNDS):
-        simulated = simulate_step(traced, found, optimizer=optimizer, backend=backend)
-        modelled = found.predicted_peak_memory_bytes
-        found.predicted_peak_memory_bytes = float(simulated.peak_bytes)
-        found.memory_breakdown = dict(simulated.breakdown)
-        found.memory_breakdown_at = simulated.phase
-        found.solver["modelled_peak_bytes"] = modelled
+        return search(memory_budget_bytes)
+
+    def simulated(found):
+        """``found`` with its peak and breakdown from the simulated step."""
+        step = simulate_step(traced, found, optimizer=optimizer, backend=backend)
+        found.solver["modelled_peak_bytes"] = found.predicted_peak_memory_bytes
         found.solver["simulated"] = True
-        if memory_budget_bytes is None or simulated.peak_bytes <= memory_budget_bytes:
-            return found
-        budget = budget * min(modelled / simulated.peak_bytes, 1.0) * 0.995
-        if verbose:
-            print(f"automap: the simulated step needs {_size(simulated.peak_bytes)}, over the "
-                  f"budget; planning again within {_size(budget)}")
-        try:
-            found = search(budget)
-        except InfeasibleBudgetError as err:
-            raise InfeasibleBudgetError(
-                f"no plan fits a memory budget of {memory_budget_bytes:.4g} bytes per device: "
-                f"the best plan's simulated step needs {simulated.peak_bytes:.4g} bytes. "
-                "Raise the budget or use a larger mesh.",
-                max(err.smallest_feasible_budget_bytes or 0, int(simulated.peak_bytes))
-                if err.smallest_feasible_budget_bytes else int(simulated.peak_bytes)) from None
-    raise InfeasibleBudgetError(
-        f"no plan fits a memory budget of {memory_budget_bytes:.4g} bytes per device: the best "
-        f"plan's simulated step needs {found.predicted_peak_memory_bytes:.4g} bytes. Raise the "
-        "budget or use a larger mesh.", int(found.predicted_peak_memory_bytes))
+        found.predicted_peak_memory_bytes = float(step.peak_bytes)
+        found.memory_breakdown = dict(step.breakdown)
+        found.memory_breakdown_at = step.phase
+        return found
+
+    if memory_budget_bytes is None:
+        return simulated(search(None))
+    return _verified_search(search, simulated, memory_budget_bytes, verbose)
 
 
-#: How often a plan whose simulated step exceeds the budget is planned again.
+#: How often a plan is searched again against a model budget corrected by the
+#: simulated step (shrunk where the model fell short, grown where it was over).
 VERIFY_ROUNDS = 4
 
 
-def _simulated_least(err: InfeasibleBudgetError, search, traced, optimizer, backend
-                     ) -> InfeasibleBudgetError:
-    """``err`` with its smallest feasible budget checked: the model's least plan,
-    simulated, may need more."""
-    least = float(err.smallest_feasible_budget_bytes)
+def _verified_search(search, simulated, budget: float, verbose: bool) -> Plan:
+    """The fastest plan the model-based ``search`` finds whose simulated step
+    fits ``budget``. The search runs against a model budget corrected by each
+    plan's simulated/modelled ratio; the leanest plan (the model's least,
+    simulated) is the fallback, so the smallest feasible budget an error names
+    is that plan's simulated peak: a property of the model, mesh and options,
+    and a budget at which planning succeeds."""
+    model_budget, fallback = float(budget), None
+    for _ in range(VERIFY_ROUNDS):
+        try:
+            found = simulated(search(model_budget))
+        except InfeasibleBudgetError as err:
+            if fallback is not None:
+                return fallback
+            fallback = _leanest_simulated(err, search, simulated, budget)
+            ratio = fallback.solver["modelled_peak_bytes"] / fallback.predicted_peak_memory_bytes
+            if ratio <= 1.0:
+                return fallback  # the model is not over: no search finds more room
+            model_budget = max(model_budget, budget * ratio * 0.995)
+            if verbose:
+                print(f"automap: the model over-estimates the leanest plan by "
+                      f"{(ratio - 1) * 100:.1f} %; searching within a model budget of "
+                      f"{_size(model_budget)}")
+            continue
+        peak = found.predicted_peak_memory_bytes
+        if peak <= budget:
+            if fallback is None or found.predicted_step_s <= fallback.predicted_step_s:
+                return found
+            return fallback
+        modelled = found.solver["modelled_peak_bytes"]
+        model_budget = model_budget * min(modelled / peak, 1.0) * 0.995
+        if verbose:
+            print(f"automap: the simulated step needs {_size(peak)}, over the budget; "
+                  f"planning again within a model budget of {_size(model_budget)}")
+    if fallback is not None:
+        return fallback
     try:
-        leanest = search(least * (1 + 1e-6))
-        least = max(least, simulate_step(traced, leanest, optimizer=optimizer,
-                                         backend=backend).peak_bytes)
+        search(1.0)
+    except InfeasibleBudgetError as err:
+        return _leanest_simulated(err, search, simulated, budget)
+    raise AssertionError("a search within 1 byte succeeded")  # pragma: no cover
+
+
+def _leanest_simulated(err: InfeasibleBudgetError, search, simulated, budget: float) -> Plan:
+    """The plan the search returns at the model's least budget (named by
+    ``err``), simulated; an ``InfeasibleBudgetError`` naming its simulated peak
+    when that exceeds ``budget``."""
+    least = err.smallest_feasible_budget_bytes
+    if not least:
+        raise err
+    try:
+        leanest = simulated(search(float(least) * (1 + 1e-6)))
     except InfeasibleBudgetError:
-        pass
+        raise err from None
+    peak = leanest.predicted_peak_memory_bytes
+    if peak <= budget:
+        return leanest
     message = str(err).split("; the smallest feasible budget")[0]
-    return InfeasibleBudgetError(
-        f"{message}; the smallest feasible budget is about {least:.4g} bytes "
-        f"({_size(least)}). Raise the budget, use a larger mesh, or enable "
-        "activation checkpointing.", int(np.ceil(least)))
+    raise InfeasibleBudgetError(
+        f"{message}; the smallest feasible budget is about {peak:.4g} bytes "
+        f"({_size(peak)}, the leanest plan's simulated step). Raise the budget, use a larger "
+        "mesh, or enable activation checkpointing.", int(np.ceil(peak))) from None
 
 
 def _rung(budget) -> str:
@@ -294,7 +319,8 @@ def _two_stage(traced, profile, table, budget, solve, package, checkpointing, al
     checkpointing DP; the fastest combination wins. The unconstrained (fastest)
     intra-op plan is returned as it is when it fits; otherwise it is one more
     rung, and the plain intra-op plan at ``budget`` is a candidate beside the
-    checkpointed ones. ``checkpointing="only"``: the fastest plan, checkpointed.
+    checkpointed ones. ``checkpointing="only"``: the fastest plan, checkpointed
+    (its least budget is that plan's, checkpointed as far as it goes).
     When nothing fits, the error names the least budget of the memory-minimal
     and the fastest plan, each checkpointed as far as it goes (a property of the
     model, mesh and options, not of the budget asked for)."""
@@ -330,10 +356,18 @@ def _two_stage(traced, profile, table, budget, solve, package, checkpointing, al
                   f"{found.predicted_step_s * 1e3:.3f} ms (recomputation "
                   f"{schedule.recompute_time_s * 1e3:.3f} ms)")
         consider(found)
+    if best is None and checkpointing == "only":
+        least = _checkpointed_least(traced, profile, table, fastest, repeats)
+        raise InfeasibleBudgetError(
+            f"the fastest plan, checkpointed, does not fit a memory budget of {budget:.4g} "
+            f"bytes per device; the smallest feasible budget is about {least:.4g} bytes "
+            f"({_size(least)}). Raise the budget, or use checkpointing='auto'.", int(least))
     if best is None:
         # The memory-minimal intra-op plan, checkpointed, fits where no rung does.
         leanest, plain_least = _leanest(solve)
-        if leanest is not None:
+        if leanest is not None and leanest.peak_memory_bytes <= budget:
+            consider(package(leanest))
+        elif leanest is not None:
             schedule, chain = _checkpoint(traced, profile, table, leanest, budget, repeats)
             if schedule is not None:
                 consider(package(leanest, CheckpointPlan.from_schedule(chain, schedule, None)))

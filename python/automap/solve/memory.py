@@ -155,6 +155,10 @@ class MemoryEstimate:
     at: str
     breakdown: dict[str, float]
     optimizer_step_bytes: float = 0.0
+    #: Per position (``Timeline.order``): live bytes while the node's forward
+    #: and its backward run.
+    forward_bytes: np.ndarray | None = None
+    backward_bytes: np.ndarray | None = None
 
 
 @dataclass
@@ -261,4 +265,4 @@ def estimate_memory(table, choice: dict[str, int], line: Timeline, optimizer="ad
                      "temporaries": float(m.bwd[i])})
     else:
         cats.update({"activations": float(kept[i] - m.saved[i]), "temporaries": float(m.fwd[i])})
-    return MemoryEstimate(float(peak), at, cats, float(candidates[0][0]))
+    return MemoryEstimate(float(peak), at, cats, float(candidates[0][0]), forward, backward)

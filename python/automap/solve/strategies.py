@@ -403,6 +403,11 @@ def _activation_memory(options: NodeOptions, ins, outs, prof, mesh, shard_count,
                  else largest_share)
     bwd = (prof.bwd_tmp_bytes * largest_share
            + max(0.0, prof.bwd_out_bytes - param_grads) * act_share)
+    # A node's own collectives run before (gathering a scattered output's
+    # gradient) or after (reducing a partial output, or an input gradient) its
+    # kernels, whose scratch is freed by then: each phase is its own peak.
+    fwd_reduce, bwd_gather = np.zeros(n), np.zeros(n)
+    bwd_reduce = max(0.0, prof.bwd_out_bytes - param_grads) * act_share
     buckets = np.zeros(n)
     if options.reductions is not None:
         for s, (partial, scatter, grad_axes) in enumerate(options.reductions):
@@ -410,14 +415,17 @@ def _activation_memory(options: NodeOptions, ins, outs, prof, mesh, shard_count,
                 # The op makes its partial output whole-sized along the scatter
                 # dim; the all-reduce works on a copy of it, the reduce-scatter
                 # on a stacked copy and gloo's staging copy, and its backward
-                # gathers the gradient (with a staging copy).
+                # gathers the gradient (with a staging copy), which its kernels
+                # then read.
                 if scatter is None:
-                    fwd[s] += local_out[s]
+                    fwd_reduce[s] = 2 * local_out[s]
                 else:
                     group = math.prod(mesh.shape[a] for a in partial)
                     raw = local_out[s] * group
-                    fwd[s] += raw - prof.fwd_out_bytes * out_share[s] + 2 * raw + local_out[s]
-                    bwd[s] += 2 * raw
+                    fwd[s] += raw - prof.fwd_out_bytes * out_share[s]
+                    fwd_reduce[s] = 3 * raw + local_out[s]
+                    bwd_gather[s] = 2 * raw
+                    bwd[s] += raw
             for k, axes in enumerate(grad_axes):
                 if not axes:
                     continue
@@ -425,11 +433,11 @@ def _activation_memory(options: NodeOptions, ins, outs, prof, mesh, shard_count,
                 if options.inputs[k][0] in params:
                     buckets[s] += local_in
                 else:
-                    bwd[s] += local_in
+                    bwd_reduce[s] += local_in
     options.saved_bytes = saved
     options.saved_input_bytes = per_input if per_input.any() else None
-    options.fwd_transient_bytes = fwd
-    options.bwd_transient_bytes = bwd
+    options.fwd_transient_bytes = np.maximum(fwd, fwd_reduce)
+    options.bwd_transient_bytes = np.maximum(np.maximum(bwd, bwd_gather), bwd_reduce)
     options.bucket_bytes = buckets
 
 
