@@ -147,6 +147,12 @@ def test_explain_shows_full_names_counts_and_what_is_left_out(case):
     assert f"... and {listed - 3} more nodes" in text
     assert "more nodes" not in full
     assert "inside nodes" in text and "between nodes" in text
+    # The peak by category: the simulated step's breakdown, summing to the peak.
+    assert "from the simulated step" in text
+    for category, nbytes in p.memory_breakdown.items():
+        if nbytes > 0:
+            assert f"  {category} " in text
+    assert abs(sum(p.memory_breakdown.values()) - p.predicted_peak_memory_bytes) <= 1
     for n in p.nodes.values():
         outputs = [tuple(a["outputs"]) for a in n.alternatives]
         assert len(outputs) == len(set(outputs)), n.name

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from automap import _core
 from automap.errors import StalePlanError
 from automap.sharding.mesh import DeviceMesh
 from automap.solve.linearize import linearize
-from automap.solve.memory import plan_memory, timeline
+from automap.solve.memory import estimate_memory, plan_memory, timeline
 from automap.solve.strategies import ShardCounts, build_strategy_table
 
 
@@ -96,7 +98,7 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int],
     chain = Chain(stages)
     for k, stage in enumerate(stages):
         fc = bc = fm = bm = 0.0
-        out = saved = ftmp = btmp = grads = 0.0
+        out = saved = ftmp = grads = 0.0
         for name in stage:
             node = table.nodes.get(name)
             prof = profile.by_name.get(name)
@@ -129,10 +131,7 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int],
                              for j, (p, _) in enumerate(node.inputs)
                              if stage_of.get(p, k) < k)
             ftmp = max(ftmp, mem.fwd[i])
-            btmp = max(btmp, mem.bwd[i])
             grads += grads_at[i]
-        # The rotor counts the gradient of the stage's input apart (δ_k).
-        btmp = max(0.0, btmp - (chain.out_bytes[k - 1] if k else 0))
         chain.fwd_compute_s.append(fc)
         chain.bwd_compute_s.append(bc)
         chain.fwd_comm_s.append(fm)
@@ -140,11 +139,35 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int],
         chain.out_bytes.append(int(out))
         chain.saved_bytes.append(int(out + max(0.0, saved)))
         chain.fwd_tmp_bytes.append(int(ftmp))
-        chain.bwd_tmp_bytes.append(int(btmp))
         chain.param_grad_bytes.append(int(grads))
+    chain.bwd_tmp_bytes = _backward_overheads(chain, table, choice, line, mem)
     chain.persistent_bytes = int(held.state_bytes + held.input_bytes)
     chain.largest_param_bytes = held.largest_param_bytes
     return _repeat_stages(chain, repeats) if repeats else chain
+
+
+def _backward_overheads(chain: Chain, table, choice, line, mem) -> list[int]:
+    """Per stage, what its backward needs beyond what the rotor counts there
+    (the saved tensors of every stage so far, δ_{k+1} with the later parameter
+    gradients, δ_k and the stage's own): the memory model's peak over the
+    stage's nodes' backwards, less that. Inside a stage the saved tensors of
+    later nodes are freed and waiting gradients come and go as the model
+    follows them, so the chain that recomputes nothing peaks where the model
+    does."""
+    peak_at = estimate_memory(table, choice, line, table.optimizer).backward_bytes
+    base = mem.state_bytes + mem.input_bytes
+    later_grads = np.cumsum(chain.param_grad_bytes[::-1])[::-1].tolist() + [0]
+    saved_so_far = np.cumsum(chain.saved_bytes)
+    out = []
+    for k, stage in enumerate(chain.stages):
+        positions = [line.position[n] for n in stage if n in line.position]
+        if not positions:
+            out.append(0)
+            continue
+        counted = (base + saved_so_far[k] + chain.out_bytes[k] + later_grads[k + 1]
+                   + (chain.out_bytes[k - 1] if k else 0) + chain.param_grad_bytes[k])
+        out.append(int(max(0.0, max(peak_at[i] for i in positions) - counted)))
+    return out
 
 
 def _cut_where_saved(stages: list[list[str]], table, choice, profile) -> list[list[str]]:

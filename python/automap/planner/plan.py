@@ -204,6 +204,19 @@ class Plan:
             + f"; solver {self.solver.get('status')} "
             f"in {self.solver.get('solve_s', 0):.2f} s, gap {self.solver.get('gap', 0):.2g}")
 
+    def _memory_lines(self) -> list[str]:
+        """The predicted peak per device and what is live there, by category."""
+        source = ("the simulated step" if self.solver.get("simulated")
+                  else "the memory model")
+        where = f" ({self.memory_breakdown_at})" if self.memory_breakdown_at else ""
+        lines = [f"peak memory per device {format_bytes(self.predicted_peak_memory_bytes)}"
+                 f"{where}, from {source}:"]
+        parts = sorted(((v, k) for k, v in self.memory_breakdown.items() if v > 0),
+                       reverse=True)
+        width = max((len(k) for _, k in parts), default=0)
+        lines.extend(f"  {k:{width}}  {format_bytes(v):>10}" for v, k in parts)
+        return lines
+
     def _overlap(self) -> str:
         t = self.step_time
         if not t:
@@ -251,8 +264,9 @@ class Plan:
         for e in sorted(conversions, key=lambda e: -e.cost_s)[:10]:
             lines.append(f"  {e.producer} -> {e.consumer}: {e.src} -> {e.dst} "
                          f"({', '.join(e.steps)}) {e.cost_s * 1e3:.4f} ms")
+        lines.append("")
+        lines.extend(self._memory_lines())
         if self.memory_budget_bytes is not None:
-            lines.append("")
             lines.append("the memory budget binds: a faster plan would not fit"
                          if self.memory_binding else "the memory budget does not bind")
         if self.checkpoint is not None:

@@ -213,10 +213,10 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                         edge_weight, blocks, stacks, device, optimizer, trace_s, t1 - t0,
                         checkpoint, estimate)
 
-    def search(budget):
-        if budget is None or checkpointing == "off":
+    def search(budget, mode=checkpointing):
+        if budget is None or mode == "off":
             return package(solve(budget))
-        return _two_stage(traced, profile, table, budget, solve, package, checkpointing,
+        return _two_stage(traced, profile, table, budget, solve, package, mode,
                           ladder_alpha, ladder_steps, verbose, repeats)
 
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -236,7 +236,18 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
 
     if memory_budget_bytes is None:
         return simulated(search(None))
-    return _verified_search(search, simulated, memory_budget_bytes, verbose)
+    found = _verified_search(search, simulated, memory_budget_bytes, verbose)
+    if checkpointing == "auto":
+        # The two-stage search is verified along another path than the ILP
+        # alone: keep the faster of both, so auto is never slower than off.
+        try:
+            plain = _verified_search(lambda b: search(b, "off"), simulated,
+                                     memory_budget_bytes, verbose)
+        except InfeasibleBudgetError:
+            return found
+        if plain.predicted_step_s < found.predicted_step_s:
+            return plain
+    return found
 
 
 #: How often a plan is searched again against a model budget corrected by the
