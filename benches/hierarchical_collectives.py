@@ -56,8 +56,10 @@ def fast_axis_only(table, node):
 
 
 def data_parallel(table, node):
-    """Batch split over both axes, everything else whole."""
-    return [all(re.fullmatch(r"(S01)?R*", s) for s in _specs(node, i)) for i in range(len(node))]
+    """Batch split over both axes; parameters (stored and used) and everything
+    else whole."""
+    pattern = r"R*" if node.kind == "parameter" else r"(S01)?R*"
+    return [all(re.fullmatch(pattern, s) for s in _specs(node, i)) for i in range(len(node))]
 
 
 PLANS = {"planner's choice": None, "axis 0 idle": fast_axis_only,

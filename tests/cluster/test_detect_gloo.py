@@ -93,7 +93,7 @@ def _measure_mesh_on_rank(rank: int, world_size: int) -> dict:
     from automap import DeviceMesh
     from automap.cluster.detect import measure_mesh
 
-    mesh = DeviceMesh((2, 2), alpha_s=1.0, bandwidth_bytes_per_s=1.0)
+    mesh = DeviceMesh((2, 2), alpha_s=1.0, bandwidth_bytes_per_s=1e3)
     quiet = measure_mesh(mesh, sizes_bytes=SIZES_BYTES, iters=3)
     busy = measure_mesh(mesh, sizes_bytes=SIZES_BYTES, iters=3, load_flops=1e7)
     return {"quiet": quiet.to_dict(), "busy": busy.to_dict()}
