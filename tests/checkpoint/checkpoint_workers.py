@@ -110,6 +110,13 @@ def checkpoint_case(rank: int, world: int, name: str, fraction: float) -> dict:
                         if k not in grads}  # buffers: updated once per step either way
         if label == "checkpointed":
             out["code_has_checkpoint"] = "torch.utils.checkpoint.checkpoint" in module.code
+            # What the activation peak comes on top of: parameter shards, their
+            # gradient buffers, buffers and the inputs.
+            held = [*module.parameters(), *(p.grad for p in module.parameters()
+                                            if p.grad is not None), *module.buffers(),
+                    *(t for t in torch.utils._pytree.tree_leaves(inputs)
+                      if isinstance(t, torch.Tensor))]
+            out["held_bytes"] = sum(t.untyped_storage().nbytes() for t in held)
     (loss_c, peak_c, grads_c), (loss_p, peak_p, grads_p) = results["checkpointed"], results["plain"]
     out["measured_bytes"], out["measured_plain_bytes"] = peak_c, peak_p
     out["loss_rel"] = abs(loss_c - loss_p) / abs(loss_p)

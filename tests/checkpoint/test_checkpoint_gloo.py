@@ -30,10 +30,12 @@ def test_measured_activation_peak_within_budget(name, world):
               f"activation budget {r['activation_budget_bytes'] / 2**20:.2f} MiB, predicted "
               f"{r['predicted_bytes'] / 2**20:.2f}, measured {r['measured_bytes'] / 2**20:.2f} "
               f"(without checkpoints: predicted step peak {r['predicted_full_bytes'] / 2**20:.2f}, "
-              f"measured {r['measured_plain_bytes'] / 2**20:.2f}); loss rel {r['loss_rel']:.1e}, "
+              f"measured {r['measured_plain_bytes'] / 2**20:.2f}); budget "
+              f"{r['budget_bytes'] / 2**20:.2f} MiB, held {r['held_bytes'] / 2**20:.2f}; loss rel {r['loss_rel']:.1e}, "
               f"grad rel {r['grad_rel']:.1e}")
         assert r["blocks"] > 0 and r["code_has_checkpoint"]
-        assert r["measured_bytes"] <= SLACK * r["activation_budget_bytes"]
+        # The step this test runs (no optimizer) fits the budget the plan was made for.
+        assert r["held_bytes"] + r["measured_bytes"] <= r["budget_bytes"]
         assert r["loss_rel"] <= 1e-6 and r["grad_rel"] <= 1e-6
         assert r["buffers_equal"]
         if world > 1:
