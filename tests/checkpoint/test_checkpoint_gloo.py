@@ -17,9 +17,6 @@ from checkpoint_workers import checkpoint_case
 
 pytestmark = pytest.mark.multiprocess
 
-SLACK = 1.05
-
-
 @pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("name", ["gpt2", "resnet"])
 @pytest.mark.timeout(400)
@@ -31,8 +28,8 @@ def test_measured_activation_peak_within_budget(name, world):
               f"{r['predicted_bytes'] / 2**20:.2f}, measured {r['measured_bytes'] / 2**20:.2f} "
               f"(without checkpoints: predicted step peak {r['predicted_full_bytes'] / 2**20:.2f}, "
               f"measured {r['measured_plain_bytes'] / 2**20:.2f}); budget "
-              f"{r['budget_bytes'] / 2**20:.2f} MiB, held {r['held_bytes'] / 2**20:.2f}; loss rel {r['loss_rel']:.1e}, "
-              f"grad rel {r['grad_rel']:.1e}")
+              f"{r['budget_bytes'] / 2**20:.2f} MiB, held {r['held_bytes'] / 2**20:.2f}; "
+              f"loss rel {r['loss_rel']:.1e}, grad rel {r['grad_rel']:.1e}")
         assert r["blocks"] > 0 and r["code_has_checkpoint"]
         # The step this test runs (no optimizer) fits the budget the plan was made for.
         assert r["held_bytes"] + r["measured_bytes"] <= r["budget_bytes"]

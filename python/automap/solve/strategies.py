@@ -414,7 +414,7 @@ def _activation_memory(options: NodeOptions, ins, outs, prof, mesh, shard_count,
             if partial:
                 # The op makes its partial output whole-sized along the scatter
                 # dim; the all-reduce works on a copy of it, the reduce-scatter
-                # on a stacked copy and gloo's staging copy, and its backward
+                # on a stacked copy (summed in place on gloo), and its backward
                 # gathers the gradient (with a staging copy), which its kernels
                 # then read.
                 if scatter is None:
@@ -423,7 +423,7 @@ def _activation_memory(options: NodeOptions, ins, outs, prof, mesh, shard_count,
                     group = math.prod(mesh.shape[a] for a in partial)
                     raw = local_out[s] * group
                     fwd[s] += raw - prof.fwd_out_bytes * out_share[s]
-                    fwd_reduce[s] = 3 * raw + local_out[s]
+                    fwd_reduce[s] = 2 * raw + local_out[s]
                     bwd_gather[s] = 2 * raw
                     bwd[s] += raw
             for k, axes in enumerate(grad_axes):
