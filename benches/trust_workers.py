@@ -95,11 +95,8 @@ def _walk(nodes):
 
 
 def measure_plan(rank: int, world: int, name: str, plan_path: str, timed_steps: int = 0) -> dict:
-    """This rank's steady-state AdamW step under the plan saved at ``plan_path``:
-    the peak of live tensor bytes (module state, optimizer state and inputs live
-    before the step, plus the peak of the allocator's events during it: CPU
-    profiler memory events, or ``torch.cuda.max_memory_allocated`` on a GPU), the
-    loss, and the median of ``timed_steps`` further steps' wall times."""
+    """This rank's steady-state AdamW step under the plan saved at ``plan_path``
+    (``measure_training``)."""
     from automap.api import apply
     from automap.planner.plan import Plan
 
@@ -116,12 +113,31 @@ def measure_plan(rank: int, world: int, name: str, plan_path: str, timed_steps: 
         opt.zero_grad(set_to_none=True)
         return float(loss.detach())
 
-    step()  # creates the optimizer state, as before every later step
-    state = pytree.tree_leaves(opt.state_dict()["state"])
-    live = _storage_bytes([*module.parameters(), *module.buffers(),
-                           *pytree.tree_leaves(inputs), *state])
-    on_cuda = next(module.parameters()).device.type == "cuda"
-    if on_cuda:
+    def persistent() -> list:
+        state = pytree.tree_leaves(opt.state_dict()["state"])
+        return [*module.parameters(), *module.buffers(), *pytree.tree_leaves(inputs), *state]
+
+    measured = measure_training(step, persistent, timed_steps)
+    return {"rank": rank, **measured}
+
+
+def measure_training(step, persistent, timed_steps: int = 0, warmup_steps: int = 1,
+                     extra_live_bytes=None) -> dict:
+    """One rank's steady-state training step: ``step()`` runs one (forward, backward,
+    optimizer step, gradients set to None) and returns the loss; ``persistent()`` lists
+    the tensors live between steps (parameters, buffers, inputs, optimizer state; each
+    storage counted once), ``extra_live_bytes()`` what else stays allocated between
+    steps that no tensor shows (e.g. DDP's gradient buckets). After ``warmup_steps`` steps
+    (the first creates the optimizer state): the peak of live tensor bytes of one step
+    (the persistent bytes plus the peak of the allocator's events during it: CPU
+    profiler memory events, or ``torch.cuda.max_memory_allocated`` on a GPU), its loss,
+    and the wall times of ``timed_steps`` further steps, each started together on
+    every rank (a barrier), with their median."""
+    for _ in range(warmup_steps):
+        step()
+    tensors = persistent()
+    live = _storage_bytes(tensors) + (extra_live_bytes() if extra_live_bytes else 0)
+    if any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in tensors):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         loss = step()
@@ -138,8 +154,8 @@ def measure_plan(rank: int, world: int, name: str, plan_path: str, timed_steps: 
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return {"rank": rank, "peak_bytes": int(peak), "live_before_bytes": live, "loss": loss,
-            "step_s": statistics.median(times) if times else None}
+    return {"peak_bytes": int(peak), "live_before_bytes": live, "loss": loss,
+            "step_s": statistics.median(times) if times else None, "step_times_s": times}
 
 
 def measure_plans(rank: int, world: int, jobs: list[tuple[str, str]], timed_steps: int = 0
