@@ -46,7 +46,8 @@ def autoparallelize(
     ``checkpointing``: within a budget the plan may checkpoint activations, which the
     module then recomputes in nested ``torch.utils.checkpoint`` regions). The device's
     speeds not given there nor measured in the cluster are measured by every rank at
-    once, as they will compute in training.
+    once, as they will compute in training; so are the links of a mesh given as a
+    shape or left to the default (a ``DeviceMesh`` keeps the links it was given).
 
     Every rank calls it. An error on any rank (while checking, planning on the
     leader, or generating) is raised on every rank as the same ``AutomapError``;
@@ -84,6 +85,9 @@ def autoparallelize(
         speeds = channel.each_rank(
             "measuring this device's speeds",
             lambda: _device_speeds(plan_options, known, dev, traced))
+        if mesh is None or isinstance(mesh, (tuple, list)):
+            # A shape says nothing of the links: measure them as training will meet them.
+            meshes = channel.each_rank("measuring the links", lambda: _measured(meshes))
 
         def solve():
             found = plan_best(traced, profile_traced(traced, optimizer), meshes, budget,
@@ -137,6 +141,25 @@ def _device_speeds(plan_options: dict, known, device: torch.device, traced):
         measured = measure_concurrently(device, parameter_dtype(traced), cached=True)
         known = {n: known.get(n) or getattr(measured, n) for n in FIELDS}
     return resolve_device_profile(**given, known=known)
+
+
+def _measured(meshes: list[DeviceMesh]) -> list[DeviceMesh]:
+    """``meshes`` with their links measured on the process group, once per
+    process group and mesh shape (collective)."""
+    from automap.cluster.detect import measure_mesh
+
+    key = (id(dist.group.WORLD), dist.get_world_size())
+    cache = _MEASURED_LINKS.setdefault(key, {})
+    out = []
+    for m in meshes:
+        if (m.shape, m.ranks) not in cache:
+            cache[(m.shape, m.ranks)] = measure_mesh(m)
+        out.append(cache[(m.shape, m.ranks)])
+    return out
+
+
+#: Measured meshes per process group, so that a second autoparallelize does not measure again.
+_MEASURED_LINKS: dict = {}
 
 
 def _model_device(model: nn.Module) -> torch.device:
