@@ -1,5 +1,5 @@
 """Run inside spawned gloo processes by the model matrix (the test and
-``benches/model_matrix.py``): plan a family's models on one mesh, train each
+``benches/train_model_matrix.py``): plan a family's models on one mesh, train each
 plan's module next to the serial model in float64 and report per model the
 planning time, the node count, the replicated FLOP share and the largest
 loss and gradient differences."""

@@ -4,7 +4,7 @@ model of the matrix (``tests/support/model_matrix.py``) traces, plans on a
 gloo ranks in float64 with the serial model's losses and gradients (relative
 1e-6) at every step. The suite trains a representative third in one process
 group; ``pytest -m model_matrix`` trains all of it, one process group per
-family (so does ``benches/model_matrix.py``, as a table)."""
+family (so does ``benches/train_model_matrix.py``, as a table)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_representative_third_trains_like_serial():
 @pytest.mark.parametrize("family", sorted(MATRIX))
 def test_full_matrix_trains_like_serial(family, request):
     if "model_matrix" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("the full matrix runs with -m model_matrix (or benches/model_matrix.py)")
+        pytest.skip("the full matrix runs with -m model_matrix (or benches/train_model_matrix.py)")
     rows = run_on_gloo(train_family, 4, list(MATRIX[family]), (2, 2), timeout_s=1700)[0]
     failures = _check(rows)
     assert not failures, "\n".join(failures)

@@ -5,7 +5,7 @@ family. Batches are 4 (or 8) so that a (2, 2) mesh can split them; dropout is
 off except in the model that tests it.
 
 ``MATRIX`` maps family -> {name: builder}; ``CI_MODELS`` is the third of it
-that the test suite trains (``benches/model_matrix.py`` runs all of it).
+that the test suite trains (``benches/train_model_matrix.py`` runs all of it).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ planning seconds, graph nodes, nodes with a split output, the share of the
 step's FLOPs run replicated, the ops rewritten for their splits and the
 largest relative loss and gradient differences.
 
-    python benches/model_matrix.py [--families decoder,vision] [--models gpt2,unet]
+    python benches/train_model_matrix.py [--families decoder,vision] [--models gpt2,unet]
 
 The test suite trains a third of it (``tests/models/test_model_matrix.py``);
 ``pytest -m model_matrix`` runs all of it as tests.
