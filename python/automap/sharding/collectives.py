@@ -87,8 +87,10 @@ class _GlooWork:
     (bounded), so tensors die where the program drops them, as the simulated
     step and the memory model assume."""
 
-    #: Bound on the GIL hand-overs one wait grants the worker thread.
-    MAX_YIELDS = 10_000
+    #: How long one wait lets the worker thread take to let go (seconds): first
+    #: bare GIL hand-overs, then short sleeps, which also let a busy machine
+    #: schedule the thread.
+    MAX_WAIT_S = 0.2
 
     def __init__(self, work, tensors, counts) -> None:
         self.work = work
@@ -102,13 +104,19 @@ class _GlooWork:
 
     def wait(self) -> None:
         self.work.wait()
-        self.work = None  # our reference to the work (and through it, the tensors)
         tensors = [t for t, _ in self.tensors]
-        for _ in range(self.MAX_YIELDS):
+        held = self.counts(tensors)  # with the work's own references
+        self.work = None  # ours; the worker thread may still hold the work
+        deadline, tries = time.perf_counter() + self.MAX_WAIT_S, 0
+        while time.perf_counter() < deadline:
             now = self.counts(tensors)
-            if all(u <= u0 and s <= s0 for (u, s), (_, (u0, s0)) in zip(now, self.tensors)):
+            # Released: back to the counts before the launch, or (when the program
+            # took references of its own meanwhile) below those the work held.
+            if all(u <= u0 and s <= s0 for (u, s), (_, (u0, s0)) in zip(now, self.tensors)) \
+                    or any(u < u1 or s < s1 for (u, s), (u1, s1) in zip(now, held)):
                 break
-            time.sleep(0)
+            tries += 1
+            time.sleep(0 if tries < 100 else 1e-4)
         self.tensors = []
 
 
