@@ -498,8 +498,33 @@ def _groups(table: StrategyTable, merge_followers: bool, tie: dict[str, str]):
     return root, index
 
 
+def _quiet(make):
+    """``make()`` with the process's stdout silenced: HiGHS (1.16) prints its
+    banner there when constructed, before any option can turn output off, and
+    a user's stdout (e.g. JSON lines) must not carry it."""
+    import ctypes
+    import os
+    import sys
+
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError, AttributeError):
+        return make()  # no file descriptor 1 to silence
+    libc = ctypes.CDLL(None)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            made = make()
+            libc.fflush(None)  # what C buffered goes to /dev/null too
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    return made
+
+
 def _highs(time_limit_s: float, mip_rel_gap: float) -> highspy.Highs:
-    h = highspy.Highs()
+    h = _quiet(highspy.Highs)
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit_s))
     h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
