@@ -254,10 +254,14 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
 #: simulated step (shrunk where the model fell short, grown where it was over).
 VERIFY_ROUNDS = 4
 
-#: A plan fits a budget when its simulated peak plus this does: room for what
-#: the simulation does not see (the backend's own small buffers, scalars; 12 B
-#: to 4 KiB over the simulated peak in the trust bench's runs).
-HEADROOM_BYTES = 64 * 2**10
+#: A plan fits a budget when its simulated peak plus this share of it does:
+#: room for what the simulation does not see (the backend's own small buffers,
+#: scalars: 12 B over a 4.7 MiB peak in the trust bench, 4 KiB now and then).
+HEADROOM = 1e-3
+
+
+def _with_headroom(peak_bytes: float) -> float:
+    return peak_bytes * (1 + HEADROOM)
 
 
 def _verified_search(search, simulated, budget: float, verbose: bool) -> Plan:
@@ -275,8 +279,8 @@ def _verified_search(search, simulated, budget: float, verbose: bool) -> Plan:
             if fallback is not None:
                 return fallback
             fallback = _leanest_simulated(err, search, simulated, budget)
-            ratio = fallback.solver["modelled_peak_bytes"] / (
-                fallback.predicted_peak_memory_bytes + HEADROOM_BYTES)
+            ratio = fallback.solver["modelled_peak_bytes"] / _with_headroom(
+                fallback.predicted_peak_memory_bytes)
             if ratio <= 1.0:
                 return fallback  # the model is not over: no search finds more room
             model_budget = max(model_budget, budget * ratio * 0.995)
@@ -285,7 +289,7 @@ def _verified_search(search, simulated, budget: float, verbose: bool) -> Plan:
                       f"{(ratio - 1) * 100:.1f} %; searching within a model budget of "
                       f"{_size(model_budget)}")
             continue
-        peak = found.predicted_peak_memory_bytes + HEADROOM_BYTES
+        peak = _with_headroom(found.predicted_peak_memory_bytes)
         if peak <= budget:
             if fallback is None or found.predicted_step_s <= fallback.predicted_step_s:
                 return found
@@ -315,7 +319,7 @@ def _leanest_simulated(err: InfeasibleBudgetError, search, simulated, budget: fl
         leanest = simulated(search(float(least) * (1 + 1e-6)))
     except InfeasibleBudgetError:
         raise err from None
-    peak = leanest.predicted_peak_memory_bytes + HEADROOM_BYTES
+    peak = _with_headroom(leanest.predicted_peak_memory_bytes)
     if peak <= budget:
         return leanest
     message = str(err).split("; the smallest feasible budget")[0]
