@@ -1,5 +1,6 @@
 import os
 import sys
+import tempfile
 
 here = os.path.dirname(__file__)
 # Helpers shared by the stage folders (models, forced plans, the serial side of
@@ -12,6 +13,10 @@ sys.path.insert(0, os.path.join(here, "support"))
 sys.path.insert(1, os.path.join(here, "..", "benches"))
 sys.path.insert(2, os.path.join(here, "..", "examples"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Hypothesis keeps its files outside the repository (the property tests' child
+# processes inherit this).
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
+                      os.path.join(tempfile.gettempdir(), "automap-hypothesis"))
 
 
 def pytest_collection_modifyitems(config, items):
