@@ -36,14 +36,10 @@ def build(name: str):
         x, y = torch.randn(64, 512), torch.randint(0, 16, (64,))
         return model, (x,), lambda out: nn.functional.cross_entropy(out, y)
     if name == "gpt2":
-        from transformers import GPT2Config, GPT2LMHeadModel
-
+        import model_zoo
         from automap.trace.tracing import default_loss
 
-        cfg = GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=2048, n_positions=128,
-                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
-                         eos_token_id=0)
-        model = GPT2LMHeadModel(cfg)
+        model = model_zoo.dropout_free_gpt2_lm(4, 256, 4, 2048, 128)
         ids = torch.randint(0, 2048, (16, 128))
         return model, {"input_ids": ids, "labels": ids}, default_loss
     if name == "resnet":

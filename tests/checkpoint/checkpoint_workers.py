@@ -27,14 +27,10 @@ def build(name: str):
     ResNet-style convnet, both without dropout."""
     torch.manual_seed(0)
     if name == "gpt2":
-        from transformers import GPT2Config, GPT2LMHeadModel
-
+        import model_zoo
         from automap.trace.tracing import default_loss
 
-        cfg = GPT2Config(n_layer=6, n_embd=128, n_head=4, vocab_size=512, n_positions=128,
-                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
-                         eos_token_id=0)
-        model = GPT2LMHeadModel(cfg)
+        model = model_zoo.dropout_free_gpt2_lm(6, 128, 4, 512, 128)
         ids = torch.randint(0, 512, (8, 128))
         return model, {"input_ids": ids, "labels": ids}, default_loss
     if name == "resnet":

@@ -187,6 +187,15 @@ def gpt2(device="cpu", **overrides):
     return model, {"input_ids": ids, "labels": ids}, default_loss
 
 
+def dropout_free_gpt2_lm(layers: int, width: int, heads: int, vocab: int, positions: int):
+    """transformers' GPT2LMHeadModel without dropout (measured runs repeat exactly)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return GPT2LMHeadModel(GPT2Config(
+        n_layer=layers, n_embd=width, n_head=heads, vocab_size=vocab, n_positions=positions,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
+
+
 def bert(device="cpu"):
     from transformers import BertConfig, BertForMaskedLM
 

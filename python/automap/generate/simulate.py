@@ -51,8 +51,6 @@ class SimulatedStep:
     phase: str
     breakdown: dict[str, int]
     phase_peak_bytes: dict[str, int] = field(default_factory=dict)
-    #: The peak while each generated node ran ("name", "backward of name").
-    node_peak_bytes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -80,7 +78,6 @@ class _Timeline:
         self.all: list[_Record] = []
         self.node = ""
         self.peak_node = ""
-        self.node_peak: dict[str, int] = {}
 
     def track(self, tensor: torch.Tensor, category: str | None = None) -> _Record | None:
         if tensor.layout != torch.strided:
@@ -106,7 +103,6 @@ class _Timeline:
     def _observe(self, live: int) -> None:
         if self.phase in _PHASE_CATEGORY:
             self.phase_peak[self.phase] = max(self.phase_peak.get(self.phase, 0), live)
-            self.node_peak[self.node] = max(self.node_peak.get(self.node, 0), live)
             if live > self.peak:
                 self.peak, self.peak_clock, self.peak_phase = live, self.clock, self.phase
                 self.peak_node = self.node
@@ -177,7 +173,7 @@ def simulate_step(traced, plan, *, rank: int | None = None, optimizer="adamw",
             timeline.phase = "done"
     return SimulatedStep(rank, timeline.peak, timeline.peak_phase,
                          timeline.breakdown(grads),
-                         dict(timeline.phase_peak), dict(timeline.node_peak))
+                         dict(timeline.phase_peak))
 
 
 class _Runner(torch.fx.Interpreter):

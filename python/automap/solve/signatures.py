@@ -234,18 +234,22 @@ def _embedding(node: fx.Node) -> Signature:
     return _einsum(L, [weight, ids], [[v, h], idx], [idx + [h]])
 
 
-def _conv(node: fx.Node) -> Signature:
+def _conv(node: fx.Node, transposed: bool = False) -> Signature:
+    """conv: weight (out, in / groups, *window); conv_transpose (``transposed``):
+    weight (in, out / groups, *window). Batch and (without groups) both channel
+    dims split; space and window stay whole."""
     x, w = node.args[0], node.args[1]
     bias = node.args[2] if len(node.args) > 2 and _is_tensor(node.args[2]) else None
-    groups = node.args[6] if len(node.args) > 6 else 1
+    groups = _arg(node, 6, "groups", 1)
     xs, ws, os_ = _shape(x), _shape(w), _shape(node)
     L = _Letters()
     b, c = L.new(xs[0]), L.new(xs[1], shardable=groups == 1)
-    o = L.new(ws[0], shardable=groups == 1)
+    o = L.new(os_[1], shardable=groups == 1)
     spatial_in = [L.new(s, shardable=False) for s in xs[2:]]
     window = [L.new(s, shardable=False) for s in ws[2:]]
     spatial_out = [L.new(s, shardable=False) for s in os_[2:]]
-    w_letters = [o, c if groups == 1 else L.new(ws[1], shardable=False)] + window
+    first, second = (c, o) if transposed else (o, c)
+    w_letters = [first, second if groups == 1 else L.new(ws[1], shardable=False)] + window
     tensors, ins = [x, w], [[b, c] + spatial_in, w_letters]
     if bias is not None:
         tensors.append(bias)
@@ -637,26 +641,7 @@ def _spatial(node: fx.Node, n: int) -> Signature:
 
 
 def _conv_transpose(node: fx.Node) -> Signature:
-    """conv_transpose: weight (in, out / groups, *window); batch and (without
-    groups) both channel dims split like a convolution's."""
-    x, w = node.args[0], node.args[1]
-    bias = node.args[2] if len(node.args) > 2 and _is_tensor(node.args[2]) else None
-    groups = _arg(node, 6, "groups", 1)
-    xs, ws, os_ = _shape(x), _shape(w), _shape(node)
-    L = _Letters()
-    b, c = L.new(xs[0]), L.new(xs[1], shardable=groups == 1)
-    o = L.new(os_[1], shardable=groups == 1)
-    spatial_in = [L.new(s, shardable=False) for s in xs[2:]]
-    window = [L.new(s, shardable=False) for s in ws[2:]]
-    spatial_out = [L.new(s, shardable=False) for s in os_[2:]]
-    w_letters = [c, o if groups == 1 else L.new(ws[1], shardable=False)] + window
-    tensors, ins = [x, w], [[b, c] + spatial_in, w_letters]
-    if bias is not None:
-        tensors.append(bias)
-        ins.append([o])
-    sig = _einsum(L, tensors, ins, [[b, o] + spatial_out])
-    sig.additive = [False, False] + ([True] if bias is not None else [])
-    return sig
+    return _conv(node, transposed=True)
 
 
 def _recurrent(node: fx.Node) -> Signature:
