@@ -32,7 +32,7 @@ from automap.sharding.layout import layout_path
 from automap.sharding.mesh import DeviceMesh
 from automap.solve.blocks import detect_blocks
 from automap.solve.depth import instance_repeats, multiplicities, reduced_depth
-from automap.solve.ilp import solve_ilp
+from automap.solve.ilp import EXACT_COLUMNS, ShardingIlp
 from automap.solve.memory import estimate_memory, optimizer_temp_factor, timeline
 from automap.solve.strategies import build_strategy_table, restrict
 from automap.trace.example_inputs import describe_inputs
@@ -102,6 +102,7 @@ def plan(
     strategy_filter=None,
     checkpointing: str = "auto",
     verify: bool = True,
+    exact_columns: float = EXACT_COLUMNS,
     verbose: bool = False,
 ) -> Plan:
     """Search the intra-op sharding plan of ``model`` on ``mesh`` (a
@@ -116,6 +117,10 @@ def plan(
     fit B by activation checkpointing (the rotor DP), the fastest kept;
     ``"off"``: the intra-op plan alone must fit; ``"only"``: the fastest
     intra-op plan, checkpointed to fit.
+
+    ``exact_columns``: budgeted ILPs of up to this many columns are solved
+    exactly, larger ones by LP dives (``math.inf``: always exactly; see
+    ``automap.solve.ilp.ShardingIlp``).
 
     ``verify``: run one training step of the generated program on fake tensors
     (``automap.generate.simulate``) and report its peak memory; within a budget,
@@ -151,7 +156,8 @@ def plan(
                       device=device, strict=strict, time_limit_s=time_limit_s,
                       merge_followers=merge_followers, tie_blocks=tie_blocks or bool(stacks),
                       stacks=stacks, strategy_filter=strategy_filter, trace_s=t1 - t0,
-                      checkpointing=checkpointing, verify=verify, verbose=verbose)
+                      checkpointing=checkpointing, verify=verify, verbose=verbose,
+                      exact_columns=exact_columns)
     found.inputs = describe_inputs(example_inputs)
     return found
 
@@ -172,9 +178,12 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 time_limit_s=60.0, merge_followers=True, tie_blocks=True, stacks=(),
                 strategy_filter=None, trace_s=0.0, verbose=False, checkpointing="auto",
                 ladder_alpha=LADDER_ALPHA, ladder_steps=LADDER_STEPS, verify=True,
-                backend=None) -> Plan:
+                backend=None, exact_columns=EXACT_COLUMNS) -> Plan:
     """``plan`` for an already traced and profiled graph, priced on ``device``
-    (default: the given speeds, the rest measured on this process's device)."""
+    (default: the given speeds, the rest measured on this process's device).
+    ``exact_columns``: ILPs up to this many columns are solved exactly under
+    a budget (branch and bound), larger ones by LP dives (see
+    ``automap.solve.ilp.ShardingIlp``); ``math.inf``: always exactly."""
     memory_budget_bytes = check_budget(memory_budget_bytes)
     optimizer = check_optimizer(optimizer)
     flops_per_s = check_flops(flops_per_s)
@@ -196,10 +205,13 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     repeats = instance_repeats(blocks, list(stacks)) if stacks else None
     line = timeline(table)
 
+    # One ILP for every budget the search asks: built once, budgets change bounds.
+    ilp = ShardingIlp(table, time_limit_s=time_limit_s, merge_followers=merge_followers,
+                      blocks=blocks, node_weight=node_weight, edge_weight=edge_weight,
+                      optimizer=optimizer, exact_columns=exact_columns)
+
     def solve(budget):
-        sol = solve_ilp(table, budget, time_limit_s=time_limit_s,
-                        merge_followers=merge_followers, blocks=blocks, node_weight=node_weight,
-                        edge_weight=edge_weight, optimizer=optimizer)
+        sol = ilp.solve(budget)
         if verbose:
             limit = "no memory limit" if budget is None else f"memory limit {_size(budget)}"
             print(f"automap: {sum(len(n) for n in table.nodes.values())} strategies in "

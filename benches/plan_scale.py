@@ -1,0 +1,126 @@
+"""Planning at scale (issue 15): GPT-2 on 3-D and 2-D meshes under budgets
+of 1.0x, 0.5x and 0.3x the unconstrained plan's peak, checkpointing auto,
+on the meta device (no weights). One row per model x mesh x budget: trace,
+strategy-table and solve seconds, total seconds, binaries, edge variables,
+predicted step time, the ILP's gap to its LP bound, peak RSS; with
+``--exact`` the same rows again with every budgeted ILP solved by branch and
+bound (the formulation before LP dives, ``exact_columns=inf``) and the
+ratio of times and of predicted step times.
+
+    python benches/plan_scale.py [--models gpt2,gpt2-medium] [--meshes 2x2x2,2x4]
+                                 [--budgets 1.0,0.5,0.3] [--exact] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import time
+import warnings
+
+import torch
+
+from automap import DeviceMesh, InfeasibleBudgetError, SolverTimeLimitError
+from automap.planner.search import plan
+
+FLOPS_PER_S, MEMORY_BANDWIDTH, OP_OVERHEAD_S = 1e14, 1e12, 5e-6
+#: Per mesh axis, outermost first: across nodes, within a node, within a board.
+ALPHA_S, BANDWIDTH = [1e-5, 5e-6, 2e-6], [2.5e10, 1e11, 2e11]
+CONFIGS = {"gpt2": dict(n_layer=12, n_embd=768, n_head=12),
+           "gpt2-medium": dict(n_layer=24, n_embd=1024, n_head=16)}
+
+
+def _peak_rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def gpt2(name: str, batch: int = 8, seq: int = 1024):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_positions=seq, **CONFIGS[name])
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(config)
+        ids = torch.randint(0, config.vocab_size, (batch, seq))
+    return model, {"input_ids": ids, "labels": ids}
+
+
+def mesh_of(text: str) -> DeviceMesh:
+    shape = tuple(int(s) for s in text.split("x"))
+    return DeviceMesh(shape, alpha_s=ALPHA_S[-len(shape):],
+                      bandwidth_bytes_per_s=BANDWIDTH[-len(shape):])
+
+
+def row(model, inputs, mesh, budget, exact: bool) -> dict:
+    start = time.perf_counter()
+    options = dict(flops_per_s=FLOPS_PER_S, memory_bandwidth_bytes_per_s=MEMORY_BANDWIDTH,
+                   op_overhead_s=OP_OVERHEAD_S)
+    if exact:
+        options["exact_columns"] = math.inf
+    try:
+        p = plan(model, inputs, mesh, budget, **options)
+    except (InfeasibleBudgetError, SolverTimeLimitError) as err:
+        return {"error": type(err).__name__, "total_s": time.perf_counter() - start}
+    s = p.solver
+    return {"total_s": time.perf_counter() - start, "trace_s": s["trace_s"],
+            "strategies_s": s["strategies_s"], "solve_s": s["solve_s"],
+            "binaries": s["binaries"], "edge_variables": s["edge_variables"],
+            "step_ms": p.predicted_step_s * 1e3, "gap": s["gap"],
+            "peak_gib": p.predicted_peak_memory_bytes / 2**30,
+            "checkpoint_blocks": 0 if p.checkpoint is None else p.checkpoint.block_count()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default="gpt2")
+    parser.add_argument("--meshes", default="2x2x2,2x4,2x2x4")
+    parser.add_argument("--budgets", default="1.0,0.5,0.3")
+    parser.add_argument("--exact", action="store_true",
+                        help="also solve every budgeted ILP by branch and bound")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    warnings.simplefilter("ignore")
+    for name in args.models.split(","):
+        model, inputs = gpt2(name)
+        for mesh_text in args.meshes.split(","):
+            mesh = mesh_of(mesh_text)
+            free = plan(model, inputs, mesh, None, flops_per_s=FLOPS_PER_S,
+                        memory_bandwidth_bytes_per_s=MEMORY_BANDWIDTH,
+                        op_overhead_s=OP_OVERHEAD_S)
+            for fraction in (float(b) for b in args.budgets.split(",")):
+                budget = fraction * free.predicted_peak_memory_bytes
+                result = {"model": name, "mesh": mesh_text, "budget_x": fraction,
+                          "new": row(model, inputs, mesh, budget, exact=False)}
+                if args.exact:
+                    result["exact"] = row(model, inputs, mesh, budget, exact=True)
+                result["peak_rss_gib"] = _peak_rss_bytes() / 2**30
+                if args.json:
+                    print(json.dumps(result), flush=True)
+                    continue
+                for kind in ("new", "exact"):
+                    r = result.get(kind)
+                    if r is None:
+                        continue
+                    if "error" in r:
+                        print(f"{name:12} {mesh_text:6} {fraction:4.2f}x {kind:5} "
+                              f"{r['error']} after {r['total_s']:.1f} s", flush=True)
+                        continue
+                    print(f"{name:12} {mesh_text:6} {fraction:4.2f}x {kind:5} "
+                          f"total {r['total_s']:6.1f} s (trace {r['trace_s']:.1f}, strategies "
+                          f"{r['strategies_s']:.1f}, last ILP {r['solve_s']:.1f}) "
+                          f"bin {r['binaries']:5} edge vars {r['edge_variables']:7} "
+                          f"step {r['step_ms']:7.2f} ms gap {r['gap']:.3f} peak "
+                          f"{r['peak_gib']:.2f} GiB ckpt {r['checkpoint_blocks']} "
+                          f"RSS {result['peak_rss_gib']:.2f} GiB", flush=True)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
