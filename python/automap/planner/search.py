@@ -210,8 +210,8 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                       blocks=blocks, node_weight=node_weight, edge_weight=edge_weight,
                       optimizer=optimizer, exact_columns=exact_columns)
 
-    def solve(budget):
-        sol = ilp.solve(budget)
+    def solve(budget, find_least=True):
+        sol = ilp.solve(budget, find_least=find_least)
         if verbose:
             limit = "no memory limit" if budget is None else f"memory limit {_size(budget)}"
             print(f"automap: {sum(len(n) for n in table.nodes.values())} strategies in "
@@ -228,7 +228,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     def search(budget, mode=checkpointing):
         if budget is None or mode == "off":
             return package(solve(budget))
-        return _two_stage(traced, profile, table, budget, solve, package, mode,
+        return _two_stage(traced, profile, table, budget, solve, ilp.could_fit, package, mode,
                           ladder_alpha, ladder_steps, verbose, repeats)
 
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -249,17 +249,32 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     if memory_budget_bytes is None:
         return simulated(search(None))
     found = _verified_search(search, simulated, memory_budget_bytes, verbose)
-    if checkpointing == "auto":
+    if checkpointing == "auto" and ilp.could_fit(memory_budget_bytes):
         # The two-stage search is verified along another path than the ILP
         # alone: keep the faster of both, so auto is never slower than off.
+        # (Where the LP relaxation proves that no plain plan fits the budget,
+        # only the model's over-estimate could rescue one, the least-memory
+        # plan: never faster than a checkpointed plan in our runs, and
+        # finding it costs the least budget, a dive and a simulated step.)
+        # A plan no faster than the one found is not simulated: simulating
+        # changes its memory, not its time, and later rounds only tighten.
+        def simulated_if_faster(plain):
+            if plain.predicted_step_s >= found.predicted_step_s:
+                raise _NotFaster
+            return simulated(plain)
+
         try:
-            plain = _verified_search(lambda b: search(b, "off"), simulated,
+            plain = _verified_search(lambda b: search(b, "off"), simulated_if_faster,
                                      memory_budget_bytes, verbose)
-        except InfeasibleBudgetError:
+        except (InfeasibleBudgetError, _NotFaster):
             return found
         if plain.predicted_step_s < found.predicted_step_s:
             return plain
     return found
+
+
+class _NotFaster(Exception):
+    """The ILP-alone search's plan is no faster than the two-stage one."""
 
 
 #: How often a plan is searched again against a model budget corrected by the
@@ -346,8 +361,8 @@ def _rung(budget) -> str:
     return "the fastest plan" if budget is None else f"ILP rung {_size(budget)}"
 
 
-def _two_stage(traced, profile, table, budget, solve, package, checkpointing, alpha, steps,
-               verbose, repeats) -> Plan:
+def _two_stage(traced, profile, table, budget, solve, could_fit, package, checkpointing, alpha,
+               steps, verbose, repeats) -> Plan:
     """MAP's two-stage search (section 5.3): intra-op plans for a ladder of
     looser budgets, each made to fit the real ``budget`` by the rotor
     checkpointing DP; the fastest combination wins. The unconstrained (fastest)
@@ -372,8 +387,10 @@ def _two_stage(traced, profile, table, budget, solve, package, checkpointing, al
             best = found
 
     for rung in [*rungs, None]:
+        if rung is not None and not could_fit(rung):
+            continue  # the LP relaxation proves it: no need for the least budget
         try:
-            sol = solve(rung) if rung is not None else fastest
+            sol = solve(rung, find_least=False) if rung is not None else fastest
         except InfeasibleBudgetError:
             continue
         if sol.peak_memory_bytes <= budget:

@@ -255,10 +255,12 @@ class ShardingIlp:
         self._least_bytes: float | None = None  # a budget some plan fits
         self._least_bound_bytes = 0.0  # a budget no plan fits below
 
-    def solve(self, memory_budget_bytes: float | None = None) -> IlpSolution:
+    def solve(self, memory_budget_bytes: float | None = None, *, find_least: bool = True
+              ) -> IlpSolution:
         """One strategy per node minimising the estimated step time under the
         memory budget (None: unconstrained); ``InfeasibleBudgetError`` naming the
-        least feasible budget when none fits."""
+        least feasible budget when none fits (``find_least=False``: not looked
+        for where no plan is known, where a caller only wants plans)."""
         key = None if memory_budget_bytes is None else float(memory_budget_bytes)
         if key in self._solutions:
             return self._solutions[key]
@@ -274,7 +276,7 @@ class ShardingIlp:
             if self._budgeted is None:
                 self._budgeted = self._build(key)
             model = self._budgeted
-            x, status, bound = self._solve_budgeted(model, key)
+            x, status, bound = self._solve_budgeted(model, key, find_least)
         solve_s = time.perf_counter() - t0
         choice = self._choice(model, x)
         peak = estimate_memory(self.table, choice, model.line, self.optimizer,
@@ -299,6 +301,19 @@ class ShardingIlp:
         self._solutions[key] = sol
         return sol
 
+    def could_fit(self, memory_budget_bytes: float) -> bool:
+        """False when no plan fits the budget, proved by the LP relaxation
+        (cheap: the least budget is not looked for); True when one may."""
+        budget = float(memory_budget_bytes)
+        if budget < self._least_bound_bytes:
+            return False
+        if budget in self._solutions or (self._least_bytes is not None
+                                         and budget >= self._least_bytes):
+            return True
+        if self._budgeted is None:
+            self._budgeted = self._build(budget)
+        return self._relaxed(self._budgeted, budget, find_least=False) is not None
+
     def _exact(self, model: _Model) -> bool:
         return model.lp.num_col_ <= self.exact_columns
 
@@ -310,9 +325,10 @@ class ShardingIlp:
             return relaxed[0], "Optimal", relaxed[1]
         return self._branch_and_bound(model, budget)
 
-    def _relaxed(self, model: _Model, budget: float | None):
+    def _relaxed(self, model: _Model, budget: float | None, find_least: bool = True):
         """The LP relaxation's (column values, objective); None when it has
-        no optimum (infeasible: the least budget is found and raised)."""
+        no optimum. Infeasible: the least budget is found and raised (with
+        ``find_least``), else None."""
         if model.relaxed is None:
             model.relaxed = _load(model.lp, self.time_limit_s, self.mip_rel_gap, relax=True)
         h = model.relaxed
@@ -320,7 +336,7 @@ class ShardingIlp:
             h.changeColBounds(model.budget_col, budget / model.mem_unit, budget / model.mem_unit)
         h.run()
         status = h.getModelStatus()
-        if status == highspy.HighsModelStatus.kInfeasible and budget is not None:
+        if status == highspy.HighsModelStatus.kInfeasible and budget is not None and find_least:
             self._least_bytes = self._least(model)
             self._raise_infeasible(budget)
         if status != highspy.HighsModelStatus.kOptimal:
@@ -348,7 +364,7 @@ class ShardingIlp:
             float(info.objective_function_value)
         return np.asarray(h.getSolution().col_value), h.modelStatusToString(status), bound
 
-    def _solve_budgeted(self, model: _Model, budget: float):
+    def _solve_budgeted(self, model: _Model, budget: float, find_least: bool = True):
         if self._exact(model):
             return self._solve_exact(model, budget)
         relaxed = self._relaxed(model, budget)
@@ -360,7 +376,7 @@ class ShardingIlp:
         found = self._dive(model, model.relaxed, x)
         cost = model.cost()
         fitting = [x for peak, x in self._fitting if peak <= budget]
-        if found is None and not fitting and self._least_bytes is None:
+        if found is None and not fitting and self._least_bytes is None and find_least:
             self._least_bytes = self._least(model)  # its plan is one more candidate
             fitting = [x for peak, x in self._fitting if peak <= budget]
         if found is not None:
