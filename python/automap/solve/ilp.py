@@ -254,6 +254,7 @@ class ShardingIlp:
         self._fitting: list[tuple[float, np.ndarray]] = []
         self._least_bytes: float | None = None  # a budget some plan fits
         self._least_bound_bytes = 0.0  # a budget no plan fits below
+        self._least_plan: np.ndarray | None = None  # large models: found with the least
 
     def solve(self, memory_budget_bytes: float | None = None, *, find_least: bool = True
               ) -> IlpSolution:
@@ -276,7 +277,10 @@ class ShardingIlp:
             if self._budgeted is None:
                 self._budgeted = self._build(key)
             model = self._budgeted
-            x, status, bound = self._solve_budgeted(model, key, find_least)
+            if self._least_bytes is not None and key <= self._least_bytes * (1 + 1e-5):
+                x, status, bound = self._solve_at_least(model, key)
+            else:
+                x, status, bound = self._solve_budgeted(model, key, find_least)
         solve_s = time.perf_counter() - t0
         choice = self._choice(model, x)
         peak = estimate_memory(self.table, choice, model.line, self.optimizer,
@@ -364,9 +368,23 @@ class ShardingIlp:
             float(info.objective_function_value)
         return np.asarray(h.getSolution().col_value), h.modelStatusToString(status), bound
 
+    def _solve_at_least(self, model: _Model, budget: float):
+        """The plan at the least budget, the same whatever was solved before
+        (the least budget an error names is this plan's simulated peak): for
+        small models branch and bound from scratch to optimality, for large
+        ones the plan the least budget was found with."""
+        if not self._exact(model) and self._least_plan is not None:
+            return self._least_plan, "least", float(model.cost() @ self._least_plan)
+        h = _load(model.lp, self.time_limit_s, 1e-6, relax=False)
+        h.changeColBounds(model.budget_col, budget / model.mem_unit, budget / model.mem_unit)
+        h.run()
+        if h.getInfo().primal_solution_status != 2:
+            return self._solve_budgeted(model, budget)
+        info = h.getInfo()
+        return (np.asarray(h.getSolution().col_value), h.modelStatusToString(h.getModelStatus()),
+                float(info.mip_dual_bound))
+
     def _solve_budgeted(self, model: _Model, budget: float, find_least: bool = True):
-        if self._exact(model):
-            return self._solve_exact(model, budget)
         relaxed = self._relaxed(model, budget)
         if relaxed is None:
             return self._branch_and_bound(model, budget)
@@ -374,6 +392,10 @@ class ShardingIlp:
         if model.integral(x):
             return x, "Optimal", bound
         found = self._dive(model, model.relaxed, x)
+        if found is not None:
+            self._fitting.append((self._peak(model, found), found))
+        if self._exact(model):
+            return self._branch_and_bound(model, budget)  # the dive's plan is its start
         cost = model.cost()
         fitting = [x for peak, x in self._fitting if peak <= budget]
         if found is None and not fitting and self._least_bytes is None and find_least:
@@ -487,6 +509,8 @@ class ShardingIlp:
         cost = np.zeros(n)
         cost[model.budget_col] = 1.0
         exact = self._exact(model)
+        # Exactly (not within mip_rel_gap): the least budget an error names
+        # must not depend on the search that led there.
         h = _load(lp, self.time_limit_s, 1e-6, relax=not exact)
         h.changeColsCost(n, np.arange(n, dtype=np.int32), cost)
         h.changeColBounds(model.budget_col, 0.0, highspy.kHighsInf)
@@ -508,6 +532,7 @@ class ShardingIlp:
             return float("nan")
         peak = self._peak(model, plan)
         self._fitting.append((peak, plan))
+        self._least_plan = plan
         return max(peak, least)
 
     def _peak(self, model: _Model, x: np.ndarray) -> float:
