@@ -1,4 +1,5 @@
-"""Planning at scale (issue 15): GPT-2 on 3-D and 2-D meshes under budgets
+"""Planning at scale (issue 15): GPT-2 (small, medium), GPT-3 175B and a
+Llama-7B config (both planned depth-reduced) on 3-D and 2-D meshes under budgets
 of 1.0x, 0.5x and 0.3x the unconstrained plan's peak, checkpointing auto,
 on the meta device (no weights). One row per model x mesh x budget: trace,
 strategy-table and solve seconds, total seconds, binaries, edge variables,
@@ -7,7 +8,7 @@ predicted step time, the ILP's gap to its LP bound, peak RSS; with
 bound (the formulation before LP dives, ``exact_columns=inf``) and the
 ratio of times and of predicted step times.
 
-    python benches/plan_scale.py [--models gpt2,gpt2-medium] [--meshes 2x2x2,2x4]
+    python benches/plan_scale.py [--models gpt2,gpt2-medium,gpt3,llama7b] [--meshes 2x2x2,2x4]
                                  [--budgets 1.0,0.5,0.3] [--exact] [--json]
 """
 
@@ -51,16 +52,45 @@ def gpt2(name: str, batch: int = 8, seq: int = 1024):
     return model, {"input_ids": ids, "labels": ids}
 
 
+def gpt3(batch: int = 8, seq: int = 2048):
+    """GPT-3 175B in bf16, planned depth-reduced (two of its 96 layers)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=96, n_embd=12288, n_head=96, n_positions=seq)
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(config).to(torch.bfloat16)
+        ids = torch.randint(0, config.vocab_size, (batch, seq))
+    return model, {"input_ids": ids, "labels": ids}
+
+
+def llama7b(batch: int = 4, seq: int = 2048):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(num_hidden_layers=32, hidden_size=4096, intermediate_size=11008,
+                         num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
+                         max_position_embeddings=seq)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+        ids = torch.randint(0, config.vocab_size, (batch, seq))
+    return model, {"input_ids": ids, "labels": ids}
+
+
+#: name -> (builder, plan depth-reduced)
+MODELS = {"gpt2": (lambda: gpt2("gpt2"), False),
+          "gpt2-medium": (lambda: gpt2("gpt2-medium"), False),
+          "gpt3": (gpt3, True), "llama7b": (llama7b, True)}
+
+
 def mesh_of(text: str) -> DeviceMesh:
     shape = tuple(int(s) for s in text.split("x"))
     return DeviceMesh(shape, alpha_s=ALPHA_S[-len(shape):],
                       bandwidth_bytes_per_s=BANDWIDTH[-len(shape):])
 
 
-def row(model, inputs, mesh, budget, exact: bool) -> dict:
+def row(model, inputs, mesh, budget, exact: bool, reduce_depth: bool) -> dict:
     start = time.perf_counter()
     options = dict(flops_per_s=FLOPS_PER_S, memory_bandwidth_bytes_per_s=MEMORY_BANDWIDTH,
-                   op_overhead_s=OP_OVERHEAD_S)
+                   op_overhead_s=OP_OVERHEAD_S, reduce_depth=reduce_depth)
     if exact:
         options["exact_columns"] = math.inf
     try:
@@ -88,18 +118,19 @@ def main() -> None:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     warnings.simplefilter("ignore")
     for name in args.models.split(","):
-        model, inputs = gpt2(name)
+        build, reduce_depth = MODELS[name]
+        model, inputs = build()
         for mesh_text in args.meshes.split(","):
             mesh = mesh_of(mesh_text)
             free = plan(model, inputs, mesh, None, flops_per_s=FLOPS_PER_S,
                         memory_bandwidth_bytes_per_s=MEMORY_BANDWIDTH,
-                        op_overhead_s=OP_OVERHEAD_S)
+                        op_overhead_s=OP_OVERHEAD_S, reduce_depth=reduce_depth)
             for fraction in (float(b) for b in args.budgets.split(",")):
                 budget = fraction * free.predicted_peak_memory_bytes
                 result = {"model": name, "mesh": mesh_text, "budget_x": fraction,
-                          "new": row(model, inputs, mesh, budget, exact=False)}
+                          "new": row(model, inputs, mesh, budget, False, reduce_depth)}
                 if args.exact:
-                    result["exact"] = row(model, inputs, mesh, budget, exact=True)
+                    result["exact"] = row(model, inputs, mesh, budget, True, reduce_depth)
                 result["peak_rss_gib"] = _peak_rss_bytes() / 2**30
                 if args.json:
                     print(json.dumps(result), flush=True)
