@@ -152,6 +152,7 @@ class _Model:
     line: object
     limit_rows: np.ndarray  # rows bounded by the budget: activity <= budget + upper
     relaxed: highspy.Highs | None = None
+    least_relaxed: highspy.Highs | None = None
     mip: highspy.Highs | None = None
     lagrangian: highspy.Highs | None = None
 
@@ -266,6 +267,8 @@ class ShardingIlp:
         if key in self._solutions:
             return self._solutions[key]
         if key is not None and key < self._least_bound_bytes:
+            if find_least and self._budgeted is not None:
+                self._infeasible(self._budgeted, key)
             self._raise_infeasible(key)
         t0 = time.perf_counter()
         if key is None:
@@ -333,19 +336,59 @@ class ShardingIlp:
         """The LP relaxation's (column values, objective); None when it has
         no optimum. Infeasible: the least budget is found and raised (with
         ``find_least``), else None."""
+        if budget is not None:
+            # Below the least-budget LP's optimum nothing fits: decided without
+            # the budgeted LP, whose infeasibility proofs can stall the dual
+            # simplex for minutes (GPT-2 small on (4,4,4): 119 s, where the
+            # least-budget LP takes 0.8 s).
+            self._least_relaxation(model)
+            if budget < self._least_bound_bytes:
+                if find_least:
+                    self._infeasible(model, budget)
+                return None
         if model.relaxed is None:
             model.relaxed = _load(model.lp, self.time_limit_s, self.mip_rel_gap, relax=True)
         h = model.relaxed
         if budget is not None:
             h.changeColBounds(model.budget_col, budget / model.mem_unit, budget / model.mem_unit)
-        h.run()
-        status = h.getModelStatus()
+        status = self._run(h)
         if status == highspy.HighsModelStatus.kInfeasible and budget is not None and find_least:
-            self._least_bytes = self._least(model)
-            self._raise_infeasible(budget)
+            self._infeasible(model, budget)
         if status != highspy.HighsModelStatus.kOptimal:
             return None
         return np.asarray(h.getSolution().col_value), float(h.getInfo().objective_function_value)
+
+    def _run(self, h: highspy.Highs):
+        """Run ``h`` for at most ``time_limit_s`` more seconds (HiGHS's limit
+        counts the instance's whole run time) and return its status."""
+        h.setOptionValue("time_limit", h.getRunTime() + self.time_limit_s)
+        h.run()
+        return h.getModelStatus()
+
+    def _infeasible(self, model: _Model, budget: float):
+        """Raise ``InfeasibleBudgetError`` naming the least budget (found once)."""
+        if self._least_bytes is None:
+            self._least_bytes = self._least(model)
+        self._raise_infeasible(budget)
+
+    def _least_relaxation(self, model: _Model) -> highspy.Highs:
+        """The LP relaxation with the budget variable freed and minimised,
+        solved once; its optimum, a budget no plan fits below, is kept in
+        ``_least_bound_bytes``."""
+        if model.least_relaxed is None:
+            lp = model.lp
+            n = lp.num_col_
+            cost = np.zeros(n)
+            cost[model.budget_col] = 1.0
+            h = _load(lp, self.time_limit_s, 1e-6, relax=True)
+            h.changeColsCost(n, np.arange(n, dtype=np.int32), cost)
+            h.changeColBounds(model.budget_col, 0.0, highspy.kHighsInf)
+            if self._run(h) == highspy.HighsModelStatus.kOptimal:
+                bound = float(h.getInfo().objective_function_value) * model.mem_unit
+                # Just under: the LP's own tolerances must not refuse a budget at it.
+                self._least_bound_bytes = max(self._least_bound_bytes, bound * (1 - 1e-7))
+            model.least_relaxed = h
+        return model.least_relaxed
 
     def _branch_and_bound(self, model: _Model, budget: float | None):
         if model.mip is None:
@@ -354,12 +397,10 @@ class ShardingIlp:
         if budget is not None:
             h.changeColBounds(model.budget_col, budget / model.mem_unit, budget / model.mem_unit)
             self._start(model, h, budget)
-        h.run()
-        status = h.getModelStatus()
+        status = self._run(h)
         info = h.getInfo()
         if status == highspy.HighsModelStatus.kInfeasible and budget is not None:
-            self._least_bytes = self._least(model)
-            self._raise_infeasible(budget)
+            self._infeasible(model, budget)
         if info.primal_solution_status != 2:  # no feasible solution
             raise SolverTimeLimitError(
                 f"HiGHS found no feasible plan within {self.time_limit_s} s "
@@ -377,7 +418,7 @@ class ShardingIlp:
             return self._least_plan, "least", float(model.cost() @ self._least_plan)
         h = _load(model.lp, self.time_limit_s, 1e-6, relax=False)
         h.changeColBounds(model.budget_col, budget / model.mem_unit, budget / model.mem_unit)
-        h.run()
+        self._run(h)
         if h.getInfo().primal_solution_status != 2:
             return self._solve_budgeted(model, budget)
         info = h.getInfo()
@@ -433,7 +474,7 @@ class ShardingIlp:
                 lower = np.zeros(len(c))
                 lower[j] = 1.0
                 h.changeColsBounds(len(c), c.astype(np.int32), lower, np.ones(len(c)))
-                h.run()
+                self._run(h)
                 if h.getModelStatus() == highspy.HighsModelStatus.kOptimal:
                     fixed.append(c)
                     x = np.asarray(h.getSolution().col_value)
@@ -465,7 +506,7 @@ class ShardingIlp:
         h = model.lagrangian
         n = model.lp.num_col_
         h.changeColsCost(n, np.arange(n, dtype=np.int32), cost)
-        h.run()
+        self._run(h)
         solution = h.getSolution()
         x = np.asarray(solution.col_value)
         if h.getModelStatus() != highspy.HighsModelStatus.kOptimal or not model.integral(x):
@@ -506,22 +547,27 @@ class ShardingIlp:
         solve at the budget returned finds it."""
         lp = model.lp
         n = lp.num_col_
-        cost = np.zeros(n)
-        cost[model.budget_col] = 1.0
-        exact = self._exact(model)
-        # Exactly (not within mip_rel_gap): the least budget an error names
-        # must not depend on the search that led there.
-        h = _load(lp, self.time_limit_s, 1e-6, relax=not exact)
-        h.changeColsCost(n, np.arange(n, dtype=np.int32), cost)
-        h.changeColBounds(model.budget_col, 0.0, highspy.kHighsInf)
-        h.run()
-        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        relaxed = self._least_relaxation(model)
+        if relaxed.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             return float("nan")
+        if self._exact(model):
+            # Exactly (not within mip_rel_gap): the least budget an error names
+            # must not depend on the search that led there.
+            h = _load(lp, self.time_limit_s, 1e-6, relax=False)
+            cost = np.zeros(n)
+            cost[model.budget_col] = 1.0
+            h.changeColsCost(n, np.arange(n, dtype=np.int32), cost)
+            h.changeColBounds(model.budget_col, 0.0, highspy.kHighsInf)
+            if self._run(h) != highspy.HighsModelStatus.kOptimal:
+                return float("nan")
+            least = float(h.getInfo().objective_function_value) * model.mem_unit
+            self._least_bound_bytes = max(self._least_bound_bytes, least * (1 - 1e-7))
+            return least
+        h = relaxed
         least = float(h.getInfo().objective_function_value) * model.mem_unit
-        self._least_bound_bytes = least
         solution = h.getSolution()
         x = np.asarray(solution.col_value)
-        if exact or model.integral(x):
+        if model.integral(x):
             return least
         prices = model.dual_prices(np.asarray(solution.row_dual))
         # Memory first, time to break ties.
