@@ -13,15 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import resource
 import sys
 import time
 import warnings
 
-import torch
-
 from automap import DeviceMesh
 from automap.planner.search import plan
+from meta_models import gpt3, llama70b, peak_rss_bytes
 
 # 8 nodes of 8 GPUs: NVLink inside a node (inner axis), InfiniBand across.
 MESH = DeviceMesh((8, 8), axis_names=("node", "gpu"), alpha_s=[1e-5, 3e-6],
@@ -31,41 +29,6 @@ BUDGET_BYTES = 80 * 10**9
 FLOPS_PER_S = 150e12
 VERBOSE = "--verbose" in sys.argv
 
-
-
-def _peak_rss_bytes() -> int:
-    """This process's peak resident set: VmHWM, which starts afresh at exec.
-    (``ru_maxrss`` keeps the parent's resident set from before exec, so a
-    bench spawned by a large process, e.g. a test run, read as large.)"""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-def gpt3(batch: int = 8, seq: int = 2048):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    config = GPT2Config(n_layer=96, n_embd=12288, n_head=96, n_positions=seq, vocab_size=50257)
-    with torch.device("meta"):
-        model = GPT2LMHeadModel(config).to(torch.bfloat16)
-        ids = torch.randint(0, config.vocab_size, (batch, seq))
-    return model, {"input_ids": ids, "labels": ids}
-
-
-def llama70b(batch: int = 8, seq: int = 2048):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(num_hidden_layers=80, hidden_size=8192, intermediate_size=28672,
-                         num_attention_heads=64, num_key_value_heads=8, vocab_size=32000,
-                         max_position_embeddings=seq)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
-        ids = torch.randint(0, config.vocab_size, (batch, seq))
-    return model, {"input_ids": ids, "labels": ids}
 
 
 def run(name: str) -> dict:
@@ -80,7 +43,7 @@ def run(name: str) -> dict:
     return {
         "model": name,
         "plan_s": seconds,
-        "peak_rss_bytes": _peak_rss_bytes(),
+        "peak_rss_bytes": peak_rss_bytes(),
         "predicted_step_s": p.predicted_step_s,
         "predicted_peak_memory_bytes": p.predicted_peak_memory_bytes,
         "budget_bytes": BUDGET_BYTES,

@@ -22,10 +22,9 @@ import sys
 import time
 import warnings
 
-import torch
-
 from automap import DeviceMesh, InfeasibleBudgetError, SolverTimeLimitError
 from automap.planner.search import plan
+from meta_models import gpt2_lm, gpt3, llama7b, peak_rss_bytes
 
 FLOPS_PER_S, MEMORY_BANDWIDTH, OP_OVERHEAD_S = 1e14, 1e12, 5e-6
 #: Per mesh axis, outermost first: across nodes, within a node, within a board.
@@ -34,45 +33,8 @@ CONFIGS = {"gpt2": dict(n_layer=12, n_embd=768, n_head=12),
            "gpt2-medium": dict(n_layer=24, n_embd=1024, n_head=16)}
 
 
-def _peak_rss_bytes() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def gpt2(name: str, batch: int = 8, seq: int = 1024):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    config = GPT2Config(n_positions=seq, **CONFIGS[name])
-    with torch.device("meta"):
-        model = GPT2LMHeadModel(config)
-        ids = torch.randint(0, config.vocab_size, (batch, seq))
-    return model, {"input_ids": ids, "labels": ids}
-
-
-def gpt3(batch: int = 8, seq: int = 2048):
-    """GPT-3 175B in bf16, planned depth-reduced (two of its 96 layers)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    config = GPT2Config(n_layer=96, n_embd=12288, n_head=96, n_positions=seq)
-    with torch.device("meta"):
-        model = GPT2LMHeadModel(config).to(torch.bfloat16)
-        ids = torch.randint(0, config.vocab_size, (batch, seq))
-    return model, {"input_ids": ids, "labels": ids}
-
-
-def llama7b(batch: int = 4, seq: int = 2048):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(num_hidden_layers=32, hidden_size=4096, intermediate_size=11008,
-                         num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
-                         max_position_embeddings=seq)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
-        ids = torch.randint(0, config.vocab_size, (batch, seq))
-    return model, {"input_ids": ids, "labels": ids}
+    return gpt2_lm(batch, seq, **CONFIGS[name])
 
 
 #: name -> (builder, plan depth-reduced)
@@ -131,7 +93,7 @@ def main() -> None:
                           "new": row(model, inputs, mesh, budget, False, reduce_depth)}
                 if args.exact:
                     result["exact"] = row(model, inputs, mesh, budget, True, reduce_depth)
-                result["peak_rss_gib"] = _peak_rss_bytes() / 2**30
+                result["peak_rss_gib"] = peak_rss_bytes() / 2**30
                 if args.json:
                     print(json.dumps(result), flush=True)
                     continue

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import cached_property
 
 import highspy
 import numpy as np
@@ -156,7 +157,7 @@ class _Model:
     mip: highspy.Highs | None = None
     lagrangian: highspy.Highs | None = None
 
-    @property
+    @cached_property
     def binaries(self) -> np.ndarray:
         return np.concatenate(list(self.cols.values())) if self.cols else np.zeros(0, int)
 
@@ -266,16 +267,12 @@ class ShardingIlp:
         key = None if memory_budget_bytes is None else float(memory_budget_bytes)
         if key in self._solutions:
             return self._solutions[key]
-        if key is not None and key < self._least_bound_bytes:
-            if find_least and self._budgeted is not None:
-                self._infeasible(self._budgeted, key)
-            self._raise_infeasible(key)
         t0 = time.perf_counter()
         if key is None:
             if self._unconstrained is None:
                 self._unconstrained = self._build(None)
             model = self._unconstrained
-            x, status, bound = self._solve_exact(model, None)
+            x, status, bound = self._solve_unconstrained(model)
         else:
             if self._budgeted is None:
                 self._budgeted = self._build(key)
@@ -319,23 +316,26 @@ class ShardingIlp:
             return True
         if self._budgeted is None:
             self._budgeted = self._build(budget)
-        return self._relaxed(self._budgeted, budget, find_least=False) is not None
+        try:
+            return self._relaxed(self._budgeted, budget, find_least=False) is not None
+        except InfeasibleBudgetError:
+            return False
 
     def _exact(self, model: _Model) -> bool:
         return model.lp.num_col_ <= self.exact_columns
 
-    def _solve_exact(self, model: _Model, budget: float | None):
+    def _solve_unconstrained(self, model: _Model):
         """The optimum: the LP relaxation where it is integral, else branch
         and bound. (column values, status, lower bound on the objective)."""
-        relaxed = self._relaxed(model, budget)
+        relaxed = self._relaxed(model, None)
         if relaxed is not None and model.integral(relaxed[0]):
             return relaxed[0], "Optimal", relaxed[1]
-        return self._branch_and_bound(model, budget)
+        return self._branch_and_bound(model, None)
 
     def _relaxed(self, model: _Model, budget: float | None, find_least: bool = True):
         """The LP relaxation's (column values, objective); None when it has
-        no optimum. Infeasible: the least budget is found and raised (with
-        ``find_least``), else None."""
+        no optimum (time limit). No plan fits: ``InfeasibleBudgetError``,
+        naming the least budget with ``find_least``."""
         if budget is not None:
             # Below the least-budget LP's optimum nothing fits: decided without
             # the budgeted LP, whose infeasibility proofs can stall the dual
@@ -343,17 +343,15 @@ class ShardingIlp:
             # least-budget LP takes 0.8 s).
             self._least_relaxation(model)
             if budget < self._least_bound_bytes:
-                if find_least:
-                    self._infeasible(model, budget)
-                return None
+                self._infeasible(model, budget, find_least)
         if model.relaxed is None:
             model.relaxed = _load(model.lp, self.time_limit_s, self.mip_rel_gap, relax=True)
         h = model.relaxed
         if budget is not None:
             h.changeColBounds(model.budget_col, budget / model.mem_unit, budget / model.mem_unit)
         status = self._run(h)
-        if status == highspy.HighsModelStatus.kInfeasible and budget is not None and find_least:
-            self._infeasible(model, budget)
+        if status == highspy.HighsModelStatus.kInfeasible and budget is not None:
+            self._infeasible(model, budget, find_least)
         if status != highspy.HighsModelStatus.kOptimal:
             return None
         return np.asarray(h.getSolution().col_value), float(h.getInfo().objective_function_value)
@@ -365,9 +363,10 @@ class ShardingIlp:
         h.run()
         return h.getModelStatus()
 
-    def _infeasible(self, model: _Model, budget: float):
-        """Raise ``InfeasibleBudgetError`` naming the least budget (found once)."""
-        if self._least_bytes is None:
+    def _infeasible(self, model: _Model, budget: float, find_least: bool = True):
+        """Raise ``InfeasibleBudgetError`` naming the least budget (found once,
+        where ``find_least``)."""
+        if self._least_bytes is None and find_least:
             self._least_bytes = self._least(model)
         self._raise_infeasible(budget)
 
