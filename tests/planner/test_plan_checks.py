@@ -167,7 +167,7 @@ def test_verbose_planning_names_the_budget(case, capsys):
     budget = (least + fastest.predicted_peak_memory_bytes) / 2  # binds, yet fits
     capsys.readouterr()
     automap.plan(model, (x,), mesh, budget, loss_fn=_loss, flops_per_s=1e6, verbose=True)
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr().err  # progress goes to stderr; stdout is for results
     assert "unlimited" not in printed
     assert "no memory limit" in printed  # the fastest plan, solved first
     assert f"memory limit {format_bytes(budget)}" in printed, printed

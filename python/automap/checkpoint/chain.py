@@ -24,6 +24,8 @@ On one device (mesh ``(1,)``) every communication term is zero.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +36,8 @@ from automap.sharding.mesh import DeviceMesh
 from automap.solve.linearize import linearize
 from automap.solve.memory import estimate_memory, plan_memory, timeline
 from automap.solve.strategies import ShardCounts, build_strategy_table
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -321,6 +325,7 @@ def solve_checkpointing(chain: Chain, activation_budget_bytes: int, slots: int =
     # extra is taken out of the times reported.
     total_s = sum(chain.fwd_compute_s) + sum(chain.bwd_compute_s) + sum(chain.fwd_comm_s)
     tie_s = 3e-5 * total_s or 1e-12
+    start_s = time.perf_counter()
     found = _core.solve_rotor(
         [f + tie_s for f in chain.fwd_compute_s], chain.bwd_compute_s, chain.out_bytes,
         chain.saved_bytes,
@@ -328,6 +333,8 @@ def solve_checkpointing(chain: Chain, activation_budget_bytes: int, slots: int =
         fwd_tmp_bytes=chain.fwd_tmp_bytes, bwd_tmp_bytes=chain.bwd_tmp_bytes,
         param_grad_bytes=chain.param_grad_bytes, slots=slots)
     forwards = sum(1 for op, _ in found.ops if op != "backward")
+    log.debug("rotor DP: %d stages within %d bytes, %d forwards recomputed, %.2f s", len(chain),
+              activation_budget_bytes, forwards - len(chain), time.perf_counter() - start_s)
     return Schedule(list(found.ops), list(found.blocks),
                     found.predicted_time_s - tie_s * forwards,
                     found.no_recompute_time_s - tie_s * len(chain),

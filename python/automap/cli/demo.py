@@ -5,6 +5,7 @@ step's loss next to the serial model's loss (computed on rank 0 alongside)."""
 from __future__ import annotations
 
 import copy
+import logging
 import time
 
 import torch
@@ -12,6 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from automap.launch import run_on_gloo
+from automap.progress import console, stage
+
+log = logging.getLogger(__name__)
 
 VOCAB, SEQ, HIDDEN, HEADS, LAYERS, BATCH = 256, 16, 64, 4, 2, 8
 _COLLECTIVES = ("all_reduce_sum", "reduce_scatter_dim", "all_gather_dim", "split_dim",
@@ -69,7 +73,13 @@ def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-def _rank_main(rank: int, world: int, steps: int) -> dict:
+def _rank_main(rank: int, world: int, steps: int, quiet: bool = False) -> dict:
+    # A spawned process: rank 0 shows its steps on the terminal's stderr.
+    with console(enabled=rank == 0 and not quiet):
+        return _train(rank, world, steps)
+
+
+def _train(rank: int, world: int, steps: int) -> dict:
     from automap.api import autoparallelize
     from automap.sharding.mesh import DeviceMesh
 
@@ -78,10 +88,28 @@ def _rank_main(rank: int, world: int, steps: int) -> dict:
     serial = copy.deepcopy(model) if rank == 0 else None
     mesh = DeviceMesh((2, 2), axis_names=("rows", "cols"))
     start = time.perf_counter()
-    module = autoparallelize(model, _batch(0), mesh, flops_per_s=DEMO_FLOPS_PER_S)
+    with stage(log, "planned and generated the parallel module", enabled=rank == 0):
+        module = autoparallelize(model, _batch(0), mesh, flops_per_s=DEMO_FLOPS_PER_S)
     setup_s = time.perf_counter() - start
     opt = torch.optim.AdamW(module.parameters(), lr=3e-3)
     serial_opt = torch.optim.AdamW(serial.parameters(), lr=3e-3) if serial else None
+    training = stage(log, f"trained {steps} steps", total=steps, enabled=rank == 0)
+    with training:
+        rows = _steps(module, opt, serial, serial_opt, steps, training)
+    out = {"rows": rows, "setup_s": setup_s}
+    if rank == 0:
+        out["summary"] = module.plan.summary()
+        out["collectives"] = {name: module.code.count(name + "(") for name in _COLLECTIVES
+                              if name + "(" in module.code}
+        out["buckets"] = len(module.gradient_sync.buckets)
+        out["parameter_bytes"] = module.local_parameter_bytes()
+        out["serial_bytes"] = sum(p.numel() * p.element_size() for p in serial.parameters())
+    return out
+
+
+def _steps(module, opt, serial, serial_opt, steps: int, progress) -> list:
+    """Train ``steps`` steps (the serial model beside, on rank 0): per step
+    (step, loss, serial loss, seconds)."""
     rows = []
     for step in range(steps):
         ids, labels = _batch(step)
@@ -99,23 +127,17 @@ def _rank_main(rank: int, world: int, steps: int) -> dict:
             serial_opt.zero_grad(set_to_none=True)
             serial_loss = s_loss.item()
         rows.append((step, loss.item(), serial_loss, step_s))
-    out = {"rows": rows, "setup_s": setup_s}
-    if rank == 0:
-        out["summary"] = module.plan.summary()
-        out["collectives"] = {name: module.code.count(name + "(") for name in _COLLECTIVES
-                              if name + "(" in module.code}
-        out["buckets"] = len(module.gradient_sync.buckets)
-        out["parameter_bytes"] = module.local_parameter_bytes()
-        out["serial_bytes"] = sum(p.numel() * p.element_size() for p in serial.parameters())
-    return out
+        progress.advance(f"step {step}")
+    return rows
 
 
-def run_training_demo(world_size: int = 4, steps: int = 20) -> int:
+def run_training_demo(world_size: int = 4, steps: int = 20, quiet: bool = False) -> int:
     print(f"automap demo: a tiny GPT-2 ({LAYERS} layers, hidden {HIDDEN}, vocab {VOCAB}) on "
           f"{world_size} gloo ranks of this machine, a (2, 2) mesh; the planner chooses what "
           f"each mesh axis splits")
-    print("planning (rank 0), generating the parallel module (every rank), training...\n")
-    results = run_on_gloo(_rank_main, world_size, steps, timeout_s=600)
+    print("planning (rank 0), generating the parallel module (every rank), training...\n",
+          flush=True)  # before the ranks' progress on stderr
+    results = run_on_gloo(_rank_main, world_size, steps, quiet, timeout_s=600)
     head = results[0]
     print(head["summary"])
     used = ", ".join(f"{n} x{c}" for n, c in head["collectives"].items()) or "none"

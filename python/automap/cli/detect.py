@@ -35,7 +35,6 @@ def register(subparsers) -> None:
                    help="skip the device profile (FLOP/s, memory bandwidth, kernel overhead)")
     p.add_argument("--timeout", type=positive_float, default=600.0, metavar="SECONDS",
                    help="give up after this long (default 600)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(run=_run)
 
 
@@ -57,8 +56,10 @@ def _options(args) -> dict:
 
 def _local_rank_main(rank: int, world_size: int, options: dict) -> dict | None:
     from automap.cluster.detect import detect_cluster
+    from automap.progress import console
 
-    cluster = detect_cluster(**options)
+    with console(enabled=not options["quiet"]):  # a spawned rank: shows its own progress
+        cluster = detect_cluster(**options)
     return cluster.to_dict() if rank == 0 else None
 
 

@@ -4,8 +4,6 @@ estimated symbolically (nothing real is allocated)."""
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 from typing import Any
 
 from automap.cli.arguments import positive_int, report, writable_file
@@ -74,21 +72,6 @@ def _device(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Tracing and profiling a large model take seconds: show each stage on stderr.
-    progress = logging.StreamHandler(sys.stderr)
-    progress.setFormatter(logging.Formatter("automap: %(message)s"))
-    package_log = logging.getLogger("automap")
-    level = package_log.level
-    package_log.addHandler(progress)
-    package_log.setLevel(logging.INFO)
-    try:
-        return _estimate(args)
-    finally:
-        package_log.removeHandler(progress)
-        package_log.setLevel(level)
-
-
-def _estimate(args: argparse.Namespace) -> int:
     from automap.trace.profiling import profile
 
     try:

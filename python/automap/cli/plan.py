@@ -78,8 +78,7 @@ def _plan(args: argparse.Namespace) -> int:
                       optimizer=args.optimizer, flops_per_s=args.flops,
                       memory_bandwidth_bytes_per_s=args.memory_bandwidth,
                       op_overhead_s=args.op_overhead,
-                      time_limit_s=args.time_limit, checkpointing=args.checkpointing,
-                      verbose=True)
+                      time_limit_s=args.time_limit, checkpointing=args.checkpointing)
         print(result.explain(max_rows=20))
         if args.output:
             result.to_json(args.output)

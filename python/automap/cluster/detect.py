@@ -37,10 +37,10 @@ before the end event (``work.wait()``).
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import platform
 import socket
-import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -58,7 +58,10 @@ from automap.cluster.topology import (
     significant_rel_tol,
 )
 from automap.errors import AutomapError
+from automap.progress import stage
 from automap.sharding.mesh import DeviceMesh
+
+log = logging.getLogger(__name__)
 
 #: Message sizes: two small ones fix the latency, three large ones the bandwidth.
 DEFAULT_CPU_SIZES_BYTES = (8, 4096, 256 * 1024, 1 << 20, 4 << 20)
@@ -112,31 +115,6 @@ def fit_alpha_bandwidth(volume_bytes, times_s) -> tuple[np.ndarray, np.ndarray]:
 def bus_bandwidth(algbw_bytes_per_s, n: int):
     """The paper's busbw = algbw * 2(n-1)/n for an all-reduce over n ranks."""
     return algbw_bytes_per_s * 2.0 * (n - 1) / n
-
-
-class _Progress:
-    """One status line on stderr (rank 0): rewritten in place on a terminal,
-    at most one line a second otherwise."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.done, self.enabled = total, 0, enabled
-        self.start = self.last = time.perf_counter()
-        self.tty = sys.stderr.isatty()
-
-    def step(self, label: str) -> None:
-        self.done += 1
-        now = time.perf_counter()
-        if not self.enabled or (not self.tty and now - self.last < 1.0 and self.done < self.total):
-            return
-        self.last = now
-        line = f"automap detect: {label} [{self.done}/{self.total}] {now - self.start:.1f} s"
-        print(f"\r{line}\033[K" if self.tty else line, end="", file=sys.stderr, flush=True)
-        if not self.tty:
-            print(file=sys.stderr)
-
-    def close(self) -> None:
-        if self.enabled and self.tty:
-            print(file=sys.stderr)
 
 
 def _times_s(fn: Callable[[], None], iters: int, warmup: int, device: torch.device,
@@ -293,7 +271,8 @@ def detect_cluster(
     (``automap.cluster.device``), every rank at once as in training.
     ``rel_tol``: tier tolerance; None takes ``significant_rel_tol`` of the
     repeats (at least ``DEFAULT_REL_TOL``), so that noise does not split a
-    tier. ``quiet``: no progress lines.
+    tier. ``quiet``: no progress (rank 0 logs each phase on the ``automap``
+    logger, ``automap.progress``).
     Keep ``warmup >= 1`` on NCCL: the first exchange of a pair creates its
     communicator.
 
@@ -328,33 +307,35 @@ def detect_cluster(
     bench = _Bench(sizes_bytes, iters, warmup, device)
     rounds = round_robin(n)
     concurrency = _contention_steps(len(rounds[0]) if rounds else 0)
-    # The group steps are counted once the pair matrix has chosen them.
-    progress = _Progress(
-        1 + repeats * len(rounds) + CONTENTION_REPEATS * len(concurrency), rank == 0 and not quiet
-    )
+    shown = rank == 0 and not quiet  # rank 0 reports for all
     phase_s: dict[str, float] = {}
     wall_start = time.perf_counter()
 
     def lap(phase: str) -> None:
         phase_s[phase] = time.perf_counter() - wall_start - sum(phase_s.values())
 
-    _barrier(device)  # every rank measures at once: the device under full load
-    record: dict = {"device": _this_device(device, measure_profile), "pairs": {}, "contention": {}}
-    progress.step("device")
+    with stage(log, "measured the device profiles", enabled=shown):
+        _barrier(device)  # every rank measures at once: the device under full load
+        record: dict = {"device": _this_device(device, measure_profile), "pairs": {},
+                        "contention": {}}
     lap("device")
-    for repeat, (r, pairs) in itertools.product(range(repeats), enumerate(rounds)):
-        peer = _partner(rank, pairs)
-        times = bench.exchange(peer)
-        if peer is not None:
-            record["pairs"].setdefault(peer, []).append(times)
-        progress.step(f"pairs run {repeat + 1}/{repeats} round {r + 1}/{len(rounds)}")
+    with stage(log, f"measured the pairs of {n} ranks ({repeats} x {len(rounds)} rounds)",
+               total=repeats * len(rounds), enabled=shown) as pairs_stage:
+        for repeat, (r, pairs) in itertools.product(range(repeats), enumerate(rounds)):
+            peer = _partner(rank, pairs)
+            times = bench.exchange(peer)
+            if peer is not None:
+                record["pairs"].setdefault(peer, []).append(times)
+            pairs_stage.advance(f"run {repeat + 1}/{repeats} round {r + 1}/{len(rounds)}")
     lap("pairs")
-    for repeat, k in itertools.product(range(CONTENTION_REPEATS), concurrency):
-        peer = _partner(rank, rounds[0][:k])
-        times = bench.exchange(peer, (max(sizes_bytes),))
-        if peer is not None:
-            record["contention"][(repeat, k, peer)] = times[0]
-        progress.step(f"contention {k} pairs")
+    with stage(log, "measured contention", total=CONTENTION_REPEATS * len(concurrency),
+               enabled=shown) as contention_stage:
+        for repeat, k in itertools.product(range(CONTENTION_REPEATS), concurrency):
+            peer = _partner(rank, rounds[0][:k])
+            times = bench.exchange(peer, (max(sizes_bytes),))
+            if peer is not None:
+                record["contention"][(repeat, k, peer)] = times[0]
+            contention_stage.advance(f"{k} pairs")
     lap("contention")
     records: list = [None] * n
     dist.all_gather_object(records, record)
@@ -366,14 +347,14 @@ def detect_cluster(
     if rel_tol is None:
         rel_tol = significant_rel_tol(log_repeats, DEFAULT_REL_TOL)
     partitions = _axis_partitions(fit_tiers(alpha, bandwidth, rel_tol), measure_groups)
-    progress.total = progress.done + len(partitions)
     group_links, group_rows = [], []
-    for i, partition in enumerate(partitions):
-        link, row = _measure_partition(bench, partition, sizes)
-        group_links.append(link)
-        group_rows.append(row)
-        progress.step(f"group all-reduce {i + 1}/{len(partitions)}")
-    progress.close()
+    with stage(log, f"measured mesh axes by group all-reduce ({len(partitions)})",
+               total=len(partitions), enabled=shown) as groups_stage:
+        for partition in partitions:
+            link, row = _measure_partition(bench, partition, sizes)
+            group_links.append(link)
+            group_rows.append(row)
+            groups_stage.advance()
     lap("groups")
     # Rank 0's clock for everyone: every rank returns the same Cluster.
     timing = [phase_s, time.perf_counter() - wall_start]

@@ -4,6 +4,7 @@ package the result as a Plan. No process group and no weights needed."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from typing import Any
@@ -28,6 +29,7 @@ from automap.planner.checks import (
 from automap.planner.plan import EdgePlan, NodePlan, Plan, current_versions, graph_fingerprint
 from automap.planner.plan import format_bytes as _size
 from automap.planner.step_time import step_time
+from automap.progress import stage, verbose_switch
 from automap.sharding.layout import layout_path
 from automap.sharding.mesh import DeviceMesh
 from automap.solve.blocks import detect_blocks
@@ -47,6 +49,8 @@ CHECKPOINTING = ("auto", "off", "only")
 #: time model's own error is larger; 1e-6 took 23 s on GPT-2 small on 2x4
 #: where this takes 5 s with the same plan).
 MIP_REL_GAP = 5e-3
+
+log = logging.getLogger(__name__)
 
 
 def candidate_meshes(mesh, top_k: int = 3, size: int | None = None):
@@ -88,6 +92,7 @@ def plan_best(traced, profile, meshes, memory_budget_bytes=None, **options) -> P
     return best
 
 
+@verbose_switch
 def plan(
     model: nn.Module,
     example_inputs: Any,
@@ -136,7 +141,11 @@ def plan(
     ``automap.cluster.device``): each given one, else the cluster's measured
     profile, else this process's device measured at first use. Measurements
     differ between processes: plan on one rank and send the plan (as
-    ``autoparallelize`` does), or give every speed."""
+    ``autoparallelize`` does), or give every speed.
+
+    Progress (each stage, each ILP solve with its objective and gap) is
+    logged on the ``automap`` logger; ``verbose=True`` shows it on stderr
+    (``automap.progress``)."""
     from automap.trace.profiling import profile_traced
     from automap.trace.tracing import default_loss, trace
 
@@ -155,8 +164,7 @@ def plan(
         op_overhead_s=op_overhead_s, known=known, kind=(known or {}).get("kind"),
         dtype=parameter_dtype(traced))
     t1 = time.perf_counter()
-    if verbose:
-        print(f"automap: traced and profiled {len(traced.nodes)} nodes in {t1 - t0:.2f} s")
+    log.debug("traced and profiled %d nodes in %.2f s", len(traced.nodes), t1 - t0)
     found = plan_best(traced, profile, meshes, memory_budget_bytes, optimizer=optimizer,
                       device=device, strict=strict, time_limit_s=time_limit_s,
                       merge_followers=merge_followers, tie_blocks=tie_blocks or bool(stacks),
@@ -177,6 +185,7 @@ def parameter_dtype(traced) -> torch.dtype:
     return max(bytes_by_dtype, key=bytes_by_dtype.__getitem__, default=torch.float32)
 
 
+@verbose_switch
 def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 optimizer="adamw", device: DeviceProfile | None = None, flops_per_s=None,
                 memory_bandwidth_bytes_per_s=None, op_overhead_s=None, strict=False,
@@ -199,8 +208,12 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
             flops_per_s=flops_per_s, memory_bandwidth_bytes_per_s=memory_bandwidth_bytes_per_s,
             op_overhead_s=op_overhead_s, dtype=parameter_dtype(traced))
     t0 = time.perf_counter()
-    table = build_strategy_table(traced, profile, mesh, device=device, optimizer=optimizer,
-                                 strict=strict)
+    with stage(log, f"built the strategy table on mesh {mesh.shape}",
+                   min_s=1.0) as building:
+        table = build_strategy_table(traced, profile, mesh, device=device, optimizer=optimizer,
+                                     strict=strict)
+        building.result(f"{sum(len(n) for n in table.nodes.values())} strategies of "
+                        f"{len(table.nodes)} nodes")
     check_costs(table, mesh, device.flops_per_s)
     if strategy_filter is not None:
         restrict(table, strategy_filter)
@@ -216,13 +229,17 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                       blocks=blocks, node_weight=node_weight, edge_weight=edge_weight,
                       optimizer=optimizer, exact_columns=exact_columns)
 
+    reported: set[int] = set()  # solutions are memoised: each is reported once
+
     def solve(budget, find_least=True):
         sol = ilp.solve(budget, find_least=find_least)
-        if verbose:
+        if id(sol) not in reported:
+            reported.add(id(sol))
             limit = "no memory limit" if budget is None else f"memory limit {_size(budget)}"
-            print(f"automap: {sum(len(n) for n in table.nodes.values())} strategies in "
-                  f"{t1 - t0:.2f} s; ILP ({limit}) built in {sol.build_s:.2f} s, "
-                  f"solved in {sol.solve_s:.2f} s")
+            log.info("ILP (%s): %s, step %.4g ms (linear model), gap %.2g %%, peak %s; "
+                     "built in %.2f s, solved in %.2f s", limit, sol.status,
+                     sol.objective_s * 1e3, sol.gap * 100, _size(sol.peak_memory_bytes),
+                     sol.build_s, sol.solve_s)
         return sol
 
     def package(sol, checkpoint=None):
@@ -244,7 +261,9 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
 
     def simulated(found):
         """``found`` with its peak and breakdown from the simulated step."""
-        step = simulate_step(traced, found, optimizer=optimizer, backend=backend)
+        with stage(log, "simulated the plan's training step") as simulating:
+            step = simulate_step(traced, found, optimizer=optimizer, backend=backend)
+            simulating.result(f"peak {_size(step.peak_bytes)}")
         found.solver["modelled_peak_bytes"] = found.predicted_peak_memory_bytes
         found.solver["simulated"] = True
         found.predicted_peak_memory_bytes = float(step.peak_bytes)
@@ -317,10 +336,8 @@ def _verified_search(search, simulated, budget: float, verbose: bool) -> Plan:
             if ratio <= 1.0:
                 return fallback  # the model is not over: no search finds more room
             model_budget = max(model_budget, budget * ratio * 0.995)
-            if verbose:
-                print(f"automap: the model over-estimates the leanest plan by "
-                      f"{(ratio - 1) * 100:.1f} %; searching within a model budget of "
-                      f"{_size(model_budget)}")
+            log.info("the model over-estimates the leanest plan by %.1f %%; searching "
+                     "within a model budget of %s", (ratio - 1) * 100, _size(model_budget))
             continue
         peak = _with_headroom(found.predicted_peak_memory_bytes)
         if peak <= budget:
@@ -329,9 +346,8 @@ def _verified_search(search, simulated, budget: float, verbose: bool) -> Plan:
             return fallback
         modelled = found.solver["modelled_peak_bytes"]
         model_budget = model_budget * min(modelled / peak, 1.0) * 0.995
-        if verbose:
-            print(f"automap: the simulated step needs {_size(peak)}, over the budget; "
-                  f"planning again within a model budget of {_size(model_budget)}")
+        log.info("the simulated step needs %s, over the budget; planning again within a "
+                 "model budget of %s", _size(peak), _size(model_budget))
     if fallback is not None:
         return fallback
     try:
@@ -404,14 +420,12 @@ def _two_stage(traced, profile, table, budget, solve, could_fit, package, checkp
             continue
         schedule, chain = _checkpoint(traced, profile, table, sol, budget, repeats)
         if schedule is None:
-            if verbose:
-                print(f"automap: {_rung(rung)}: no schedule fits {_size(budget)}")
+            log.info("%s: no checkpoint schedule fits %s", _rung(rung), _size(budget))
             continue
         found = package(sol, CheckpointPlan.from_schedule(chain, schedule, rung))
-        if verbose:
-            print(f"automap: {_rung(rung)}, checkpointed within {_size(budget)}: step "
-                  f"{found.predicted_step_s * 1e3:.3f} ms (recomputation "
-                  f"{schedule.recompute_time_s * 1e3:.3f} ms)")
+        log.info("%s, checkpointed within %s: step %.3f ms (recomputation %.3f ms)",
+                 _rung(rung), _size(budget), found.predicted_step_s * 1e3,
+                 schedule.recompute_time_s * 1e3)
         consider(found)
     if best is None and checkpointing == "only":
         least = _checkpointed_least(traced, profile, table, fastest, repeats)

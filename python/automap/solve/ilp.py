@@ -23,6 +23,7 @@ Python call per coefficient.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -31,6 +32,7 @@ import highspy
 import numpy as np
 
 from automap.errors import InfeasibleBudgetError, SolverTimeLimitError
+from automap.progress import stage
 from automap.sharding.layout import resharding_cost_matrix
 from automap.solve.memory import (
     edge_memory,
@@ -41,6 +43,7 @@ from automap.solve.memory import (
 )
 from automap.solve.strategies import ShardCounts, StrategyTable
 
+log = logging.getLogger(__name__)
 
 @dataclass
 class IlpSolution:
@@ -270,12 +273,14 @@ class ShardingIlp:
         t0 = time.perf_counter()
         if key is None:
             if self._unconstrained is None:
-                self._unconstrained = self._build(None)
+                with stage(log, "built the ILP without memory rows", min_s=1.0):
+                    self._unconstrained = self._build(None)
             model = self._unconstrained
             x, status, bound = self._solve_unconstrained(model)
         else:
             if self._budgeted is None:
-                self._budgeted = self._build(key)
+                with stage(log, "built the ILP with memory rows", min_s=1.0):
+                    self._budgeted = self._build(key)
             model = self._budgeted
             if self._least_bytes is not None and key <= self._least_bytes * (1 + 1e-5):
                 x, status, bound = self._solve_at_least(model, key)
@@ -301,6 +306,8 @@ class ShardingIlp:
             num_edge_variables=model.num_edge_variables,
             num_rows=model.lp.num_row_,
         )
+        log.debug("ILP solve (budget %s): %s, objective %.6g s, gap %.3g, %.2f s", key, status,
+                  sol.objective_s, sol.gap, solve_s)
         model.build_s = 0.0  # paid once
         self._solutions[key] = sol
         return sol
@@ -315,7 +322,8 @@ class ShardingIlp:
                                          and budget >= self._least_bytes):
             return True
         if self._budgeted is None:
-            self._budgeted = self._build(budget)
+            with stage(log, "built the ILP with memory rows", min_s=1.0):
+                self._budgeted = self._build(budget)
         try:
             return self._relaxed(self._budgeted, budget, find_least=False) is not None
         except InfeasibleBudgetError:

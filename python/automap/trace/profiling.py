@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -49,6 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from automap.errors import AutomapError, TraceError
+from automap.progress import stage
 from automap.trace.tracing import TracedGraph, default_loss, trace
 
 log = logging.getLogger(__name__)
@@ -295,28 +295,26 @@ def profile_traced(
         raise AutomapError("estimating for device 'cuda' needs CUDA here; use device='cpu'")
     if device.type not in ("cpu", "meta") and device.index is None:
         device = torch.device(device.type, 0)  # what tensors created on "cuda" report
-    log.info("profiling a training step of %d nodes on %s", len(traced.nodes), device)
-    start_s = time.perf_counter()
-    with FakeTensorMode(allow_non_fake_inputs=False):
-        state = _make_state(traced, device)
-        opt, opt_name = make_optimizer(optimizer, state.trainable(), device)
-        if opt is not None:
-            create_optimizer_state(opt, state.trainable())
-        rec = _Recorder(traced)
-        rec.track_persistent(state, opt)
-        with FlopCounterMode(display=False) as flops, TrackStorage(rec, device):
-            rec.flop_counter = flops
-            runner = _Runner(traced, rec, device)
-            outputs = runner.run(*state.placeholder_values)
-            loss = outputs[traced.user_output_index]
-            rec.boundary(BACKWARD, "")
-            loss.backward()
-            gradient_bytes = rec.gradient_bytes(state.trainable())
-            rec.boundary(OPTIMIZER, "")  # settles the FLOPs of the last backward node
+    with stage(log, f"profiled a training step of {len(traced.nodes)} nodes on {device}"):
+        with FakeTensorMode(allow_non_fake_inputs=False):
+            state = _make_state(traced, device)
+            opt, opt_name = make_optimizer(optimizer, state.trainable(), device)
             if opt is not None:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-    log.info("profiled in %.1f s", time.perf_counter() - start_s)
+                create_optimizer_state(opt, state.trainable())
+            rec = _Recorder(traced)
+            rec.track_persistent(state, opt)
+            with FlopCounterMode(display=False) as flops, TrackStorage(rec, device):
+                rec.flop_counter = flops
+                runner = _Runner(traced, rec, device)
+                outputs = runner.run(*state.placeholder_values)
+                loss = outputs[traced.user_output_index]
+                rec.boundary(BACKWARD, "")
+                loss.backward()
+                gradient_bytes = rec.gradient_bytes(state.trainable())
+                rec.boundary(OPTIMIZER, "")  # settles the FLOPs of the last backward node
+                if opt is not None:
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
     return rec.result(device, opt_name, gradient_bytes)
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +29,7 @@ from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
 from automap.errors import TraceError, UnsupportedFunctionError
+from automap.progress import stage
 from automap.trace import hf_compat
 from automap.trace.functions import opaque_functions
 
@@ -295,21 +295,20 @@ def trace(
     is_hf = hf_compat.is_hf_model(model)
     step = _Step(model, loss_fn, hf_compat.call_kwargs(model) if is_hf else {})
     step.training = model.training  # not .train(): it would reset every submodule's mode
-    log.info("exporting %s with torch.export", type(model).__name__)
-    start_s = time.perf_counter()
-    try:
-        with hf_compat.adjusted(model, attn_implementation) if is_hf else \
-                contextlib.nullcontext(), opaque_functions():
-            exported = torch.export.export(step, args, kwargs, strict=False)
-    except TraceError:
-        raise
-    except Exception as exc:
-        cause = _cause(exc, UnsupportedFunctionError)
-        if cause is not None:
-            raise cause from exc
-        raise TraceError(_explain_export_failure(model, exc, is_hf)) from exc
-    traced = TracedGraph(exported, model, has_loss=loss_fn is not None)
-    log.info("exported %d nodes in %.1f s", len(traced.nodes), time.perf_counter() - start_s)
+    with stage(log, f"traced {type(model).__name__} with torch.export") as tracing:
+        try:
+            with hf_compat.adjusted(model, attn_implementation) if is_hf else \
+                    contextlib.nullcontext(), opaque_functions():
+                exported = torch.export.export(step, args, kwargs, strict=False)
+        except TraceError:
+            raise
+        except Exception as exc:
+            cause = _cause(exc, UnsupportedFunctionError)
+            if cause is not None:
+                raise cause from exc
+            raise TraceError(_explain_export_failure(model, exc, is_hf)) from exc
+        traced = TracedGraph(exported, model, has_loss=loss_fn is not None)
+        tracing.result(f"{len(traced.nodes)} nodes")
     return traced
 
 
