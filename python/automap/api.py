@@ -96,8 +96,7 @@ def autoparallelize(
             return found.to_dict()
 
         leader = meshes[0].ranks[0]
-        plan = channel.from_leader(f"planning on rank {leader}", leader, solve)
-        plan = Plan.from_dict(plan)
+        plan = Plan.from_dict(channel.from_leader(f"planning on rank {leader}", leader, solve))
     return _generate(channel, traced, plan, model, dev, local_inputs, seed)
 
 

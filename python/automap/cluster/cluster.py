@@ -155,7 +155,8 @@ class Cluster:
         """The slowest device's sustained FLOP/s (it paces a synchronous
         step), None unless known for every device."""
         values = [d.sustained_flops_per_s for d in self.devices]
-        return None if None in values else float(min(values))
+        known = [v for v in values if v is not None]
+        return float(min(known)) if known and len(known) == len(values) else None
 
     @property
     def device_profile(self) -> dict[str, float | None]:
@@ -181,7 +182,8 @@ class Cluster:
     def memory_bytes(self) -> int | None:
         """The smallest device memory, None unless known for every device."""
         values = [d.memory_bytes for d in self.devices]
-        return None if None in values else int(min(values))
+        known = [v for v in values if v is not None]
+        return int(min(known)) if known and len(known) == len(values) else None
 
     # Topology -----------------------------------------------------------------
     @cached_property

@@ -36,6 +36,7 @@ before the end event (``work.wait()``).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -43,6 +44,7 @@ import platform
 import socket
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -117,6 +119,10 @@ def bus_bandwidth(algbw_bytes_per_s, n: int):
     return algbw_bytes_per_s * 2.0 * (n - 1) / n
 
 
+def _all_reduce(buf: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+    dist.all_reduce(buf, group=group)
+
+
 def _times_s(fn: Callable[[], None], iters: int, warmup: int, device: torch.device,
              before: Callable[[], None] | None = None) -> list[float]:
     """Seconds of each of ``iters`` calls of ``fn`` after ``warmup`` calls;
@@ -140,9 +146,9 @@ def _times_s(fn: Callable[[], None], iters: int, warmup: int, device: torch.devi
     times = []
     for _ in range(iters):
         before()
-        start = time.perf_counter()
+        start_s = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(time.perf_counter() - start_s)
     return times
 
 
@@ -203,7 +209,7 @@ class _Bench:
             self._sync()
             buf = self.send[: size // 4]
             times.append(
-                _times_s(lambda b=buf: dist.all_reduce(b, group=group), self.iters,
+                _times_s(functools.partial(_all_reduce, buf, group), self.iters,
                          self.warmup, self.device, load if matmuls else None)
             )
         return times
@@ -324,7 +330,7 @@ def detect_cluster(
         for repeat, (r, pairs) in itertools.product(range(repeats), enumerate(rounds)):
             peer = _partner(rank, pairs)
             times = bench.exchange(peer)
-            if peer is not None:
+            if times is not None:
                 record["pairs"].setdefault(peer, []).append(times)
             pairs_stage.advance(f"run {repeat + 1}/{repeats} round {r + 1}/{len(rounds)}")
     lap("pairs")
@@ -333,7 +339,7 @@ def detect_cluster(
         for repeat, k in itertools.product(range(CONTENTION_REPEATS), concurrency):
             peer = _partner(rank, rounds[0][:k])
             times = bench.exchange(peer, (max(sizes_bytes),))
-            if peer is not None:
+            if times is not None:
                 record["contention"][(repeat, k, peer)] = times[0]
             contention_stage.advance(f"{k} pairs")
     lap("contention")
@@ -478,9 +484,9 @@ def _measure_partition(bench: _Bench, partition, sizes: np.ndarray, pick=np.min,
     ``GroupLink``, and algbw/busbw per size for the record."""
     n = dist.get_world_size()
     size = len(partition[0])
-    if size == n:
-        group, subgroups = None, []
-    else:
+    group: Any = None  # torch types the subgroup as ProcessGroup or a sentinel int
+    subgroups: list = []
+    if size != n:
         group, subgroups = dist.new_subgroups_by_enumeration(partition)
     gathered: list = [None] * n
     dist.all_gather_object(gathered, bench.all_reduce(group, load_flops))

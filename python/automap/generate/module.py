@@ -3,6 +3,8 @@ user's parameter names, so ``module.parameters()`` feeds any optimizer as is."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.utils._pytree as pytree
 from torch import fx, nn
@@ -10,6 +12,7 @@ from torch import fx, nn
 from automap.errors import InputMismatchError
 from automap.generate.state import StateShard
 from automap.sharding.layout import layout_path
+from automap.sharding.process_groups import MeshProcessGroups
 from automap.sharding.redistribute import redistribute
 
 
@@ -26,8 +29,8 @@ class ParallelModule(fx.GraphModule):
     Data-parallel gradient all-reduces run outside the graph, in ``gradient_sync``
     (bucketed, asynchronous, finished when ``backward()`` returns)."""
 
-    plan: object
-    groups: object
+    plan: Any  # an automap.Plan (the planner sits above the generator: not imported)
+    groups: MeshProcessGroups
     shards: dict[str, StateShard]
 
     def full_state_dict(self, gradients: bool = False) -> dict[str, torch.Tensor]:
@@ -42,9 +45,10 @@ class ParallelModule(fx.GraphModule):
                 local = self.get_parameter(name) if shard.kind == "parameter" else \
                     self.get_buffer(name)
                 if gradients:
-                    local = local.grad
-                    if local is None:
+                    grad = local.grad
+                    if grad is None:
                         continue
+                    local = grad
                 whole = "R" * len(shard.global_shape)
                 path = layout_path(self.plan.mesh, shard.spec, whole, list(shard.global_shape),
                                    local.dtype.itemsize)

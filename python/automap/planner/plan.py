@@ -194,7 +194,8 @@ class Plan:
                   + (", binding" if self.memory_binding else ""))
         blocks = self.checkpoint.block_count() if self.checkpoint else 0
         checkpointing = (f", {_count(blocks, 'checkpoint block')} (recomputation "
-                         f"{self.checkpoint.recompute_s * 1e3:.3f} ms)" if blocks else "")
+                         f"{self.checkpoint.recompute_s * 1e3:.3f} ms)"
+                         if self.checkpoint and blocks else "")
         return (
             f"plan on mesh {self.mesh.shape}: predicted step {self.predicted_step_s * 1e3:.3f} ms "
             f"(compute {self.predicted_compute_s * 1e3:.3f} ms, communication "

@@ -7,7 +7,8 @@ import contextlib
 import logging
 import os
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -36,8 +37,11 @@ from automap.solve.blocks import detect_blocks
 from automap.solve.depth import instance_repeats, multiplicities, reduced_depth
 from automap.solve.ilp import EXACT_COLUMNS, ShardingIlp
 from automap.solve.memory import estimate_memory, optimizer_temp_factor, timeline
-from automap.solve.strategies import build_strategy_table, restrict
+from automap.solve.strategies import NodeOptions, StrategyTable, build_strategy_table, restrict
 from automap.trace.example_inputs import describe_inputs
+
+if TYPE_CHECKING:
+    from automap.cluster.cluster import Cluster
 
 #: The two-stage search's budget ladder: the ILP runs at B * (1 + alpha)^n,
 #: n = 0 .. steps - 1, each solution checkpointed within the real budget B.
@@ -88,7 +92,8 @@ def plan_best(traced, profile, meshes, memory_budget_bytes=None, **options) -> P
             best = found
     if best is None:
         known = [e for e in errors if e.smallest_feasible_budget_bytes is not None]
-        raise min(known, key=lambda e: e.smallest_feasible_budget_bytes) if known else errors[0]
+        raise min(known, key=lambda e: e.smallest_feasible_budget_bytes or 0) if known else \
+            errors[0]
     return best
 
 
@@ -96,11 +101,11 @@ def plan_best(traced, profile, meshes, memory_budget_bytes=None, **options) -> P
 def plan(
     model: nn.Module,
     example_inputs: Any,
-    mesh=None,
+    mesh: DeviceMesh | Sequence[int] | Cluster | str | os.PathLike | None = None,
     memory_budget_bytes: float | None = None,
     *,
-    loss_fn=None,
-    optimizer: str = "adamw",
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    optimizer: str | None = "adamw",
     flops_per_s: float | None = None,
     memory_bandwidth_bytes_per_s: float | None = None,
     op_overhead_s: float | None = None,
@@ -109,7 +114,7 @@ def plan(
     merge_followers: bool = True,
     tie_blocks: bool = True,
     reduce_depth: bool = False,
-    strategy_filter=None,
+    strategy_filter: Callable[[StrategyTable, NodeOptions], Any] | None = None,
     checkpointing: str = "auto",
     verify: bool = True,
     exact_columns: float = EXACT_COLUMNS,
@@ -156,7 +161,9 @@ def plan(
     meshes, known = candidate_meshes(mesh)
     t0 = time.perf_counter()
     # Plans cover the whole training step, so the graph ends in the loss.
-    with reduced_depth(model) if reduce_depth else contextlib.nullcontext([]) as stacks:
+    depth: contextlib.AbstractContextManager[list] = (
+        reduced_depth(model) if reduce_depth else contextlib.nullcontext([]))
+    with depth as stacks:
         traced = trace(model, example_inputs, loss_fn=loss_fn or default_loss)
         profile = profile_traced(traced, optimizer)
     device = resolve_device_profile(
@@ -504,7 +511,7 @@ def _package(traced, profile, table, sol, mesh, memory_budget_bytes, node_weight
         c = sol.choice[name]
         order = np.argsort(node.time_s)
         seen = {tuple(node.out_specs[c])}  # the cheapest strategy of each other output
-        alternatives = []
+        alternatives: list[dict[str, Any]] = []
         for i in order:
             if tuple(node.out_specs[i]) not in seen and len(alternatives) < 3:
                 seen.add(tuple(node.out_specs[i]))

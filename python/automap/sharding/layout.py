@@ -61,7 +61,7 @@ def resharding_cost_matrix(
 
 def _dtype_bytes(value) -> int:
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) \
-            or not 1 <= value <= 16:
+            or not 1 <= int(value) <= 16:
         raise InvalidArgumentError(f"dtype_bytes must be an integer from 1 to 16 (bytes per "
                                    f"element), got {value!r}")
     return int(value)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Sequence
+from typing import TypeGuard
 
 from automap import _core
 from automap.errors import InvalidArgumentError, InvalidMeshError
@@ -26,7 +27,7 @@ MAX_ALPHA_S = 60.0
 MIN_BANDWIDTH_BYTES_PER_S, MAX_BANDWIDTH_BYTES_PER_S = 1e3, 1e15
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 

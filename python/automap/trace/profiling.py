@@ -33,6 +33,7 @@ Per graph node, the paper's quantities (bytes are of storages, counted once):
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import weakref
@@ -560,7 +561,7 @@ class _Recorder:
         record = _Storage(storage.nbytes(), kind or self.phase, self.node, self.clock)
         self.storages[key] = record
         self.all.append(record)
-        self._refs[key] = weakref.ref(storage, lambda _, key=key: self._free(key))
+        self._refs[key] = weakref.ref(storage, functools.partial(self._freed, key))
         self.live_bytes += record.nbytes
         self.window.append((key, record))
         self._observe(self.live_bytes)
@@ -579,6 +580,9 @@ class _Recorder:
             self.peak_bytes, self.peak_at = live_bytes, (self.phase, self.node)
             self.peak_clock = self.clock
             self.peak_scratch = live_bytes - self.live_bytes
+
+    def _freed(self, key: int, _ref: object) -> None:
+        self._free(key)
 
     def _free(self, key: int) -> None:
         record = self.storages.pop(key, None)
@@ -641,7 +645,7 @@ class _Recorder:
         tensor each saved storage is."""
         prof = self.profiles[node]
         outs = {}
-        out_index = {}
+        out_index: dict[int, int] = {}
         tensor_leaves = [leaf for leaf in pytree.tree_leaves(out) if isinstance(leaf, torch.Tensor)]
         for index, leaf in enumerate(tensor_leaves):
             if leaf.layout == torch.strided:
@@ -651,7 +655,7 @@ class _Recorder:
                 if record is not None and record.node == node and record.kind == FORWARD:
                     outs[key] = record
                 self._own_grad_fns(leaf.grad_fn, node)
-        input_of = {}
+        input_of: dict[int, str] = {}
         for name, value in (inputs or {}).items():
             for leaf in pytree.tree_leaves(value):
                 if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:

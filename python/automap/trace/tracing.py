@@ -312,7 +312,7 @@ def trace(
     return traced
 
 
-def _cause(exc: BaseException, kind: type) -> BaseException | None:
+def _cause(exc: BaseException | None, kind: type) -> BaseException | None:
     """The first exception of type ``kind`` in ``exc``'s chain (export wraps them)."""
     seen = set()
     while exc is not None and id(exc) not in seen:
