@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 import types
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from automap.errors import (
     AutomapError,
@@ -80,7 +80,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'automap' has no attribute {name!r}")
@@ -97,7 +97,7 @@ class _Package(types.ModuleType):
     """Importing the subpackage ``automap.trace`` sets the attribute ``trace`` of
     this package to it; ``automap.trace`` stays the function (loaded lazily)."""
 
-    def __setattr__(self, name: str, value) -> None:
+    def __setattr__(self, name: str, value: Any) -> None:
         if name in _LAZY and isinstance(value, types.ModuleType):
             self.__dict__.pop(name, None)
             return

@@ -4,7 +4,9 @@ inside an initialised torch.distributed process group, one process per device.""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -16,22 +18,31 @@ from automap.planner.plan import Plan
 from automap.sharding.mesh import DeviceMesh
 from automap.trace.example_inputs import describe_inputs, stand_in_inputs
 
+if TYPE_CHECKING:
+    from automap.cluster.cluster import Cluster
+    from automap.cluster.device import DeviceProfile
+    from automap.generate.module import ParallelModule
+    from automap.trace.tracing import TracedGraph
+
+#: What a loss function maps the model's output to: the scalar loss.
+LossFn = Callable[[Any], torch.Tensor]
+
 
 def autoparallelize(
     model: nn.Module,
     example_inputs: Any,
-    mesh: DeviceMesh | tuple | None = None,
+    mesh: DeviceMesh | Sequence[int] | Cluster | str | os.PathLike | None = None,
     memory_budget_bytes: float | None = None,
     plan: Plan | None = None,
     *,
-    loss_fn=None,
+    loss_fn: LossFn | None = None,
     optimizer: str | None = "adamw",
     local_inputs: bool = False,
     device: str | torch.device | None = None,
     seed: int = 0,
     setup_timeout_s: float = DEFAULT_SETUP_TIMEOUT_S,
-    **plan_options,
-):
+    **plan_options: Any,
+) -> ParallelModule:
     """Plan ``model`` on ``mesh`` (default: 1-D over the whole world; a
     ``Cluster`` or cluster JSON path tries its best meshes of the world's size) within
     ``memory_budget_bytes`` per device (default: the GPU's memory; unlimited on
@@ -63,7 +74,8 @@ def autoparallelize(
     channel = SetupChannel.of_world(setup_timeout_s)
     channel.check_in("starting automap.autoparallelize")
 
-    def prepare():
+    def prepare() -> tuple[list[DeviceMesh], dict | None, torch.device, float | None,
+                           TracedGraph]:
         budget = check_budget(memory_budget_bytes)
         check_optimizer(optimizer)
         if plan is not None and not isinstance(plan, Plan):
@@ -89,7 +101,7 @@ def autoparallelize(
             # A shape says nothing of the links: measure them as training will meet them.
             meshes = channel.each_rank("measuring the links", lambda: _measured(meshes))
 
-        def solve():
+        def solve() -> dict:
             found = plan_best(traced, profile_traced(traced, optimizer), meshes, budget,
                               optimizer=optimizer, device=speeds, **plan_options)
             found.inputs = describe_inputs(example_inputs)
@@ -100,9 +112,10 @@ def autoparallelize(
     return _generate(channel, traced, plan, model, dev, local_inputs, seed)
 
 
-def apply(plan: Plan, model: nn.Module, example_inputs: Any = None, *, loss_fn=None,
-          local_inputs: bool = False, device: str | torch.device | None = None, seed: int = 0,
-          setup_timeout_s: float = DEFAULT_SETUP_TIMEOUT_S):
+def apply(plan: Plan, model: nn.Module, example_inputs: Any = None, *,
+          loss_fn: LossFn | None = None, local_inputs: bool = False,
+          device: str | torch.device | None = None, seed: int = 0,
+          setup_timeout_s: float = DEFAULT_SETUP_TIMEOUT_S) -> ParallelModule:
     """This rank's ``ParallelModule`` of ``model`` under ``plan`` (made by
     ``automap.plan`` for the same model, inputs and loss). Without
     ``example_inputs``, stand-ins of the shapes and dtypes the plan recorded are
@@ -113,7 +126,7 @@ def apply(plan: Plan, model: nn.Module, example_inputs: Any = None, *, loss_fn=N
     channel = SetupChannel.of_world(setup_timeout_s)
     channel.check_in("starting automap.apply")
 
-    def prepare():
+    def prepare() -> tuple[torch.device, TracedGraph]:
         if not isinstance(plan, Plan):
             raise InvalidArgumentError(f"plan must be an automap.Plan (e.g. "
                                        f"automap.Plan.from_json(path)), got {type(plan).__name__}")
@@ -127,7 +140,8 @@ def apply(plan: Plan, model: nn.Module, example_inputs: Any = None, *, loss_fn=N
     return _generate(channel, traced, plan, model, dev, local_inputs, seed)
 
 
-def _device_speeds(plan_options: dict, known, device: torch.device, traced):
+def _device_speeds(plan_options: dict, known: dict | None, device: torch.device,
+                   traced: TracedGraph) -> DeviceProfile:
     """The ``DeviceProfile`` to plan with (collective): the speeds in
     ``plan_options`` (taken out of them), else the cluster's, else measured
     on every rank at once (the first time in this process group)."""
@@ -166,13 +180,14 @@ def _model_device(model: nn.Module) -> torch.device:
     return first.device if first is not None else torch.device("cpu")
 
 
-def _trace(model, example_inputs, loss_fn):
+def _trace(model: nn.Module, example_inputs: Any, loss_fn: LossFn | None) -> TracedGraph:
     from automap.trace.tracing import default_loss, trace
 
     return trace(model, example_inputs, loss_fn=loss_fn or default_loss)
 
 
-def _generate(channel: SetupChannel, traced, plan: Plan, model, device, local_inputs, seed):
+def _generate(channel: SetupChannel, traced: TracedGraph, plan: Plan, model: nn.Module,
+              device: torch.device, local_inputs: bool, seed: int) -> ParallelModule:
     from automap.generate.program import generate
 
     mesh = plan.mesh
@@ -195,7 +210,7 @@ def _world_size() -> int:
     return dist.get_world_size()
 
 
-def _mesh_for_world(mesh) -> DeviceMesh:
+def _mesh_for_world(mesh: DeviceMesh | Sequence[int] | None) -> DeviceMesh:
     world = _world_size()
     if mesh is None:
         return DeviceMesh((world,))
@@ -209,7 +224,7 @@ def _mesh_for_world(mesh) -> DeviceMesh:
     return mesh
 
 
-def _device(device) -> torch.device:
+def _device(device: str | torch.device | None) -> torch.device:
     if device is not None:
         try:
             return torch.device(device)

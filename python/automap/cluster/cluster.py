@@ -55,11 +55,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from automap.cluster.topology import (
     DEFAULT_REL_TOL,
@@ -104,8 +106,8 @@ class Cluster:
     def __init__(
         self,
         devices: Sequence[Device] | int,
-        alpha_s,
-        bandwidth_bytes_per_s,
+        alpha_s: ArrayLike,
+        bandwidth_bytes_per_s: ArrayLike,
         *,
         group_links: Sequence[GroupLink] = (),
         rel_tol: float = DEFAULT_REL_TOL,
@@ -163,8 +165,10 @@ class Cluster:
         """The slowest device's profile fields (``automap.cluster.device.FIELDS``),
         each None unless known for every device."""
 
-        def known(values, pick):
-            return None if None in values else float(pick(values))
+        def known(values: list[float | None], pick: Callable[[list[float]], float]
+                  ) -> float | None:
+            present = [v for v in values if v is not None]
+            return float(pick(present)) if present and len(present) == len(values) else None
 
         return {
             "flops_per_s": self.sustained_flops_per_s,
@@ -337,7 +341,7 @@ class Cluster:
         return f"Cluster({self.num_devices} devices, {len(self.tiers)} tiers)"
 
 
-def _dumps(value, indent: str = "") -> str:
+def _dumps(value: Any, indent: str = "") -> str:
     """JSON with one line per list of numbers (a matrix row, a group) and per
     flat record (a device), so a 512-device matrix stays 512 lines, and nested
     objects indented."""

@@ -49,12 +49,14 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from numpy.typing import ArrayLike
 
 from automap.cluster.cluster import Cluster, Device
 from automap.cluster.device import measure_device_profile
 from automap.cluster.topology import (
     DEFAULT_REL_TOL,
     GroupLink,
+    Topology,
     candidate_meshes,
     fit_tiers,
     significant_rel_tol,
@@ -85,7 +87,8 @@ def round_robin(n: int) -> list[list[tuple[int, int]]]:
     return rounds
 
 
-def fit_alpha_bandwidth(volume_bytes, times_s) -> tuple[np.ndarray, np.ndarray]:
+def fit_alpha_bandwidth(volume_bytes: ArrayLike, times_s: ArrayLike
+                        ) -> tuple[np.ndarray, np.ndarray]:
     """Least-squares fit of t = alpha + volume / bandwidth with relative
     residuals (so the small sizes fix alpha and the large ones the bandwidth),
     vectorised over the leading axes of ``times_s`` (``(..., len(volume))``).
@@ -114,7 +117,7 @@ def fit_alpha_bandwidth(volume_bytes, times_s) -> tuple[np.ndarray, np.ndarray]:
     return alpha, 1.0 / beta
 
 
-def bus_bandwidth(algbw_bytes_per_s, n: int):
+def bus_bandwidth(algbw_bytes_per_s: Any, n: int) -> Any:
     """The paper's busbw = algbw * 2(n-1)/n for an all-reduce over n ranks."""
     return algbw_bytes_per_s * 2.0 * (n - 1) / n
 
@@ -161,7 +164,8 @@ class _Bench:
     """This rank's buffers and timed operations; each returns the seconds of
     every iteration of every size."""
 
-    def __init__(self, sizes_bytes, iters, warmup, device) -> None:
+    def __init__(self, sizes_bytes: Sequence[int], iters: int, warmup: int,
+                 device: torch.device) -> None:
         self.sizes_bytes = sizes_bytes
         self.iters, self.warmup, self.device = iters, warmup, device
         numel = max(sizes_bytes) // 4
@@ -174,7 +178,8 @@ class _Bench:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
-    def exchange(self, peer: int | None, sizes_bytes=None) -> list[list[float]] | None:
+    def exchange(self, peer: int | None, sizes_bytes: Sequence[int] | None = None
+                 ) -> list[list[float]] | None:
         """A bidirectional exchange with ``peer`` (None: idle, but still in
         the barriers) at each of ``sizes_bytes`` (default: all sizes)."""
         times = []
@@ -184,7 +189,7 @@ class _Bench:
                 continue
             send, recv = self.send[: size // 4], self.recv[: size // 4]
 
-            def exchange(send=send, recv=recv) -> None:
+            def exchange(send: torch.Tensor = send, recv: torch.Tensor = recv) -> None:
                 ops = [dist.P2POp(dist.isend, send, peer), dist.P2POp(dist.irecv, recv, peer)]
                 for work in dist.batch_isend_irecv(ops):
                     work.wait()
@@ -192,7 +197,7 @@ class _Bench:
             times.append(_times_s(exchange, self.iters, self.warmup, self.device))
         return None if peer is None else times
 
-    def all_reduce(self, group, load_flops: float = 0.0) -> list[list[float]]:
+    def all_reduce(self, group: Any, load_flops: float = 0.0) -> list[list[float]]:
         """All-reduce times per size; with ``load_flops``, each call follows
         that much matmul work on every rank, as a collective follows compute in
         a training step (the call then also waits for the slowest rank)."""
@@ -437,7 +442,7 @@ def _devices(records: list[dict]) -> list[Device]:
     return devices
 
 
-def _axis_partitions(topology, count: int) -> list[list[list[int]]]:
+def _axis_partitions(topology: Topology, count: int) -> list[list[list[int]]]:
     """The distinct axis partitions (groups > 1 device) of the best ``count``
     candidate meshes."""
     found: dict[frozenset, list[list[int]]] = {}
@@ -477,7 +482,8 @@ def measure_mesh(mesh: DeviceMesh, sizes_bytes: Sequence[int] = DEFAULT_CPU_SIZE
                       bandwidth_bytes_per_s=bandwidth)
 
 
-def _measure_partition(bench: _Bench, partition, sizes: np.ndarray, pick=np.min,
+def _measure_partition(bench: _Bench, partition: list[list[int]], sizes: np.ndarray,
+                       pick: Callable[..., Any] = np.min,
                        load_flops: float = 0.0) -> tuple[GroupLink, dict]:
     """All-reduce on every group of ``partition`` at once; the slowest
     group's fit (on the iteration ``pick`` chooses per size) as a

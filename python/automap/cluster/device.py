@@ -20,6 +20,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -33,7 +34,7 @@ GPU_FALLBACK = {"flops_per_s": 100e12, "memory_bandwidth_bytes_per_s": 1.5e12,
 FIELDS = ("flops_per_s", "memory_bandwidth_bytes_per_s", "op_overhead_s")
 
 
-def check_positive(name: str, value) -> float:
+def check_positive(name: str, value: Any) -> float:
     """``value`` as a float; an ``InvalidCostModelError`` naming ``name``
     unless it is a finite number > 0."""
     try:
@@ -144,7 +145,7 @@ def local_device_profile(device: str | torch.device | None = None,
 
 
 def measure_concurrently(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                         group=None, cached: bool = False) -> DeviceProfile:
+                         group: Any = None, cached: bool = False) -> DeviceProfile:
     """Every rank of the process ``group`` (collective) measures its device at
     the same time, as they compute in training; every rank gets the slowest.
     ``cached``: reuse this group's first measurement (every rank must ask
@@ -167,8 +168,9 @@ def measure_concurrently(device: str | torch.device = "cpu", dtype: torch.dtype 
 _concurrent: dict[tuple, DeviceProfile] = {}
 
 
-def resolve_device_profile(*, flops_per_s=None, memory_bandwidth_bytes_per_s=None,
-                           op_overhead_s=None, known: dict | None = None,
+def resolve_device_profile(*, flops_per_s: float | None = None,
+                           memory_bandwidth_bytes_per_s: float | None = None,
+                           op_overhead_s: float | None = None, known: dict | None = None,
                            kind: str | None = None, dtype: torch.dtype = torch.float32
                            ) -> DeviceProfile:
     """The profile to plan with, field by field: the explicit argument, else

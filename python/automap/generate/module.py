@@ -65,13 +65,13 @@ class InputCheck:
     kwargs) and per leaf (name, shape, dtype) of a tensor or the value of a
     constant the graph was specialised on. Used as a forward pre-hook."""
 
-    def __init__(self, in_spec, leaves: list[tuple[str, object]]) -> None:
+    def __init__(self, in_spec: pytree.TreeSpec, leaves: list[tuple[str, object]]) -> None:
         self.in_spec = in_spec
         self.leaves = leaves  # (placeholder name, (shape, dtype) or a constant)
         kwargs_spec = _child(in_spec, 1)
         self.kwarg_names = list(kwargs_spec.context) if kwargs_spec is not None else []
 
-    def __call__(self, module, args, kwargs):
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         got_names = set(kwargs)
         if got_names != set(self.kwarg_names):
             raise InputMismatchError(
@@ -103,7 +103,7 @@ class InputCheck:
                                          f"constant {want!r}, got {value!r}")
 
 
-def _child(spec, index: int):
+def _child(spec: pytree.TreeSpec | None, index: int) -> pytree.TreeSpec | None:
     """Child ``index`` of a pytree spec (the API's name changed across torch versions)."""
     if spec is None or spec.num_children <= index:
         return None

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,6 +24,9 @@ from automap.planner.validate import (
     content_fingerprint,
 )
 from automap.sharding.mesh import DeviceMesh
+
+if TYPE_CHECKING:
+    from automap.trace.tracing import TracedGraph
 
 
 @dataclass
@@ -171,7 +176,7 @@ class Plan:
                                    f"column {exc.colno} ({exc.msg}); was it cut short?") from None
         return cls.from_dict(data)
 
-    def check_matches(self, traced, mesh: DeviceMesh | None = None) -> None:
+    def check_matches(self, traced: TracedGraph, mesh: DeviceMesh | None = None) -> None:
         """Raise StalePlanError unless this plan was made for ``traced`` (and
         ``mesh``), and InvalidPlanError unless every node's choice is a strategy
         the generator offers for it."""
@@ -242,7 +247,7 @@ class Plan:
         head = ("node", "op", "inputs -> outputs", "time ms", "alternatives")
         widths = [max([len(head[c])] + [len(r[c]) for r in rows]) for c in range(4)]
 
-        def line(cells):
+        def line(cells: Sequence[str]) -> str:
             return (f"{cells[0]:{widths[0]}}  {cells[1]:{widths[1]}}  {cells[2]:{widths[2]}}  "
                     f"{cells[3]:>{widths[3]}}  {cells[4]}").rstrip()
 
@@ -299,7 +304,7 @@ def current_versions() -> dict:
     return {"automap": __version__, "torch": torch.__version__}
 
 
-def graph_fingerprint(traced) -> str:
+def graph_fingerprint(traced: TracedGraph) -> str:
     """A hash of the graph's ops, tensor shapes and dtypes, and its wiring."""
     h = hashlib.sha256()
     for node in traced.graph.nodes:

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from automap import _core
-from automap._core import LayoutPath, LayoutStep
+from automap._core import LayoutPath, LayoutStep, ShardingSpec
 from automap.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from automap.sharding.mesh import DeviceMesh
 
 __all__ = [
     "LayoutPath",
@@ -22,7 +26,9 @@ __all__ = [
 ]
 
 
-def layout_path(mesh, src, dst, shape: Sequence[int], dtype_bytes: int = 4, *, method="optimal"):
+def layout_path(mesh: DeviceMesh, src: ShardingSpec | str, dst: ShardingSpec | str,
+                shape: Sequence[int], dtype_bytes: int = 4, *, method: str = "optimal"
+                ) -> LayoutPath:
     """The conversion of a tensor of global ``shape`` from spec ``src`` to
     ``dst`` on ``mesh``: ``.steps`` (all_gather / shard / all_to_all on one
     mesh axis each) and ``.cost_s`` (forward + backward seconds).
@@ -34,9 +40,9 @@ def layout_path(mesh, src, dst, shape: Sequence[int], dtype_bytes: int = 4, *, m
 
 
 def resharding_cost_matrix(
-    mesh,
-    srcs: Sequence,
-    dsts: Sequence,
+    mesh: DeviceMesh,
+    srcs: Sequence[ShardingSpec | str],
+    dsts: Sequence[ShardingSpec | str],
     shape: Sequence[int],
     dtype_bytes: int = 4,
     *,
@@ -59,7 +65,7 @@ def resharding_cost_matrix(
     return forward + backward
 
 
-def _dtype_bytes(value) -> int:
+def _dtype_bytes(value: object) -> int:
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) \
             or not 1 <= int(value) <= 16:
         raise InvalidArgumentError(f"dtype_bytes must be an integer from 1 to 16 (bytes per "
@@ -67,7 +73,7 @@ def _dtype_bytes(value) -> int:
     return int(value)
 
 
-def _specs(value, what: str) -> list:
+def _specs(value: object, what: str) -> list:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise InvalidArgumentError(f"{what} must be a list of specs, got {value!r}")
     return list(value)

@@ -7,10 +7,18 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Sequence
-from typing import TypeGuard
+from typing import TYPE_CHECKING, TypeGuard
 
 from automap import _core
 from automap.errors import InvalidArgumentError, InvalidMeshError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh as TorchDeviceMesh
+
+    from automap.sharding.process_groups import MeshProcessGroups
+
+#: One mesh axis (index or name) or a sequence of them, first most significant.
+Axes = int | str | Sequence[int | str]
 
 #: Link model used when the cluster has not been measured: 10 us latency,
 #: 100 GB/s (NVLink-class). ``automap.detect_cluster`` replaces these.
@@ -31,7 +39,7 @@ def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _ints(value, what: str) -> list[int]:
+def _ints(value: object, what: str) -> list[int]:
     """A sequence of integers (not a string: "22" is not the shape (2, 2))."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise InvalidMeshError(f"{what} must be a sequence of integers, got {value!r}")
@@ -43,13 +51,13 @@ def _ints(value, what: str) -> list[int]:
     return [int(v) for v in items]
 
 
-def _nbytes(value) -> float:
+def _nbytes(value: object) -> float:
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise InvalidArgumentError(f"nbytes must be a number of bytes, got {value!r}")
     return float(value)
 
 
-def _per_axis(value, ndim: int, default: float, what: str, low: float, high: float,
+def _per_axis(value: object, ndim: int, default: float, what: str, low: float, high: float,
               allowed: str) -> list[float]:
     if value is None:
         return [default] * ndim
@@ -152,7 +160,7 @@ class DeviceMesh:
                                    f"mesh (axes 0 to {self.ndim - 1} or {list(self.axis_names)})")
         return int(axis)
 
-    def _axes(self, axes) -> list[int]:
+    def _axes(self, axes: Axes) -> list[int]:
         if isinstance(axes, (numbers.Integral, str)):
             axes = [axes]
         if not isinstance(axes, Iterable):
@@ -168,21 +176,22 @@ class DeviceMesh:
         """The global rank at a mesh coordinate."""
         return self._native.rank_at(coordinate)
 
-    def axis_groups(self, axes) -> list[list[int]]:
+    def axis_groups(self, axes: Axes) -> list[list[int]]:
         """The groups of ranks that communicate along ``axes`` (one axis or
         several, first most significant). A rank's index in its group is its
         shard index along those axes."""
         return self._native.axis_groups(self._axes(axes))
 
     # Costs ------------------------------------------------------------------
-    def collective_cost_s(self, kind: str, nbytes: float, axes=(0,)) -> float:
+    def collective_cost_s(self, kind: str, nbytes: float, axes: Axes = (0,)) -> float:
         """Alpha-beta time of one collective over ``axes`` by the algorithm
         ``collective_plan`` chooses. ``nbytes`` is the per-device buffer: the
         output of an all-gather, the input of a reduce-scatter, the buffer of
         an all-reduce, all-to-all or broadcast."""
         return self._native.collective_cost_s(kind, _nbytes(nbytes), self._axes(axes))
 
-    def collective_plan(self, kind: str, nbytes: float, axes=(0,)) -> _core.CollectivePlan:
+    def collective_plan(self, kind: str, nbytes: float, axes: Axes = (0,)
+                        ) -> _core.CollectivePlan:
         """How one collective over ``axes`` runs: the cheaper under the link
         model of one flat ring over all their devices (``.flat``, one step) and
         per-axis steps (e.g. an all-reduce as a reduce-scatter along the fast
@@ -192,23 +201,23 @@ class DeviceMesh:
         program runs these steps (``automap.sharding.collectives``)."""
         return self._native.collective_plan(kind, _nbytes(nbytes), self._axes(axes))
 
-    def all_gather_cost_s(self, nbytes: float, axes=(0,)) -> float:
+    def all_gather_cost_s(self, nbytes: float, axes: Axes = (0,)) -> float:
         return self.collective_cost_s("all_gather", nbytes, axes)
 
-    def reduce_scatter_cost_s(self, nbytes: float, axes=(0,)) -> float:
+    def reduce_scatter_cost_s(self, nbytes: float, axes: Axes = (0,)) -> float:
         return self.collective_cost_s("reduce_scatter", nbytes, axes)
 
-    def all_reduce_cost_s(self, nbytes: float, axes=(0,)) -> float:
+    def all_reduce_cost_s(self, nbytes: float, axes: Axes = (0,)) -> float:
         return self.collective_cost_s("all_reduce", nbytes, axes)
 
-    def all_to_all_cost_s(self, nbytes: float, axes=(0,)) -> float:
+    def all_to_all_cost_s(self, nbytes: float, axes: Axes = (0,)) -> float:
         return self.collective_cost_s("all_to_all", nbytes, axes)
 
-    def broadcast_cost_s(self, nbytes: float, axes=(0,)) -> float:
+    def broadcast_cost_s(self, nbytes: float, axes: Axes = (0,)) -> float:
         return self.collective_cost_s("broadcast", nbytes, axes)
 
     # Runtime ----------------------------------------------------------------
-    def process_groups(self, backend_device: str | None = None):
+    def process_groups(self, backend_device: str | None = None) -> MeshProcessGroups:
         """The torch.distributed groups of every axis and set of axes (see
         ``automap.sharding.process_groups.MeshProcessGroups``). Collective: every rank
         of the default group must call it, in the same order."""
@@ -216,7 +225,7 @@ class DeviceMesh:
 
         return MeshProcessGroups(self, device=backend_device)
 
-    def to_torch(self, device_type: str = "cpu"):
+    def to_torch(self, device_type: str = "cpu") -> TorchDeviceMesh:
         """This mesh as a ``torch.distributed.device_mesh.DeviceMesh`` (for
         DTensor users). Needs an initialised default process group."""
         import torch
@@ -230,10 +239,10 @@ class DeviceMesh:
         return TorchDeviceMesh(device_type, mesh, mesh_dim_names=names)
 
     # Identity ---------------------------------------------------------------
-    def _key(self):
+    def _key(self) -> tuple:
         return (self.shape, self.ranks, self.alpha_s, self.bandwidth_bytes_per_s, self.axis_names)
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, DeviceMesh) and self._key() == other._key()
 
     def __hash__(self) -> int:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from automap import _core
 from automap._core import ShardingSpec
 
+if TYPE_CHECKING:
+    from automap.sharding.mesh import DeviceMesh
+
 __all__ = ["ShardingSpec", "enumerate_specs", "to_dtensor_placements"]
 
 
-def enumerate_specs(shape: Sequence[int], mesh) -> list[ShardingSpec]:
+def enumerate_specs(shape: Sequence[int], mesh: DeviceMesh) -> list[ShardingSpec]:
     """Every valid sharding spec of a tensor of ``shape`` on ``mesh``, replicated
     first. Raises ``LimitExceededError`` past 100 000 specs (a 2-D tensor has
     634 889 on eight mesh axes of size 2)."""

@@ -487,7 +487,8 @@ class TrackStorage(TorchDispatchMode):
         self.rec = rec
         self.workspace = CPU_WORKSPACE if device.type == "cpu" else WORKSPACE
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
         if func is _aten.histc.default and not args[0].is_floating_point():
             out = _integer_histc(*args, **(kwargs or {}))
         else:
@@ -501,7 +502,8 @@ class TrackStorage(TorchDispatchMode):
         return out
 
 
-def _integer_histc(x: torch.Tensor, bins: int = 100, *args, **kwargs) -> torch.Tensor:
+def _integer_histc(x: torch.Tensor, bins: int = 100, *args: Any, **kwargs: Any
+                   ) -> torch.Tensor:
     """histc of integers (a mixture-of-experts router's counts, traced on meta
     for CUDA, which has the kernel): torch's meta kernel refuses them as the
     CPU one does, but only the shape matters here."""
