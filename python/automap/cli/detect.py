@@ -50,7 +50,7 @@ def _options(args) -> dict:
         "repeats": args.repeats,
         "measure_groups": args.measure_groups,
         "measure_profile": not args.no_profile,
-        "quiet": args.quiet,
+        "quiet": getattr(args, "quiet", False),  # -q: automap.cli.main adds it
     }
 
 
