@@ -133,8 +133,10 @@ class Stage:
         if self.enabled and shown is not None and shown.tty and self.log.isEnabledFor(logging.INFO):
             from tqdm import tqdm
 
+            # Without a total there is nothing to count: the label and the time.
+            bar_format = None if self.total is not None else "{desc} [{elapsed}]"
             self._bar = tqdm(total=self.total, desc=f"automap: {self.label}", file=sys.stderr,
-                             leave=False, dynamic_ncols=True)
+                             leave=False, dynamic_ncols=True, bar_format=bar_format)
         return self
 
     def advance(self, detail: str = "", steps: int = 1) -> None:
@@ -143,9 +145,9 @@ class Stage:
         if not self.enabled:
             return
         if self._bar is not None:
-            self._bar.update(steps)
             if detail:
                 self._bar.set_postfix_str(detail, refresh=False)
+            self._bar.update(steps)
         total = f"/{self.total}" if self.total is not None else ""
         self.log.debug("%s: %s [%d%s]", self.label, detail, self.done, total)
 
