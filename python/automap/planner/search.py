@@ -27,7 +27,7 @@ from automap.planner.checks import (
 )
 from automap.planner.plan import EdgePlan, NodePlan, Plan, current_versions, graph_fingerprint
 from automap.planner.plan import format_bytes as _size
-from automap.planner.step_time import step_time
+from automap.planner.step_time import shared_gradient_savings, step_time
 from automap.sharding.layout import layout_path
 from automap.sharding.mesh import DeviceMesh
 from automap.solve.blocks import detect_blocks
@@ -486,6 +486,7 @@ def _package(traced, profile, table, sol, mesh, memory_budget_bytes, node_weight
              estimate) -> Plan:
     nodes: dict[str, NodePlan] = {}
     compute = comm = 0.0
+    shared_s = shared_gradient_savings(table, sol.choice)
     for name, node in table.nodes.items():
         c = sol.choice[name]
         order = np.argsort(node.time_s)
@@ -502,11 +503,11 @@ def _package(traced, profile, table, sol, mesh, memory_budget_bytes, node_weight
         nodes[name] = NodePlan(
             name, node.op, node.kind, node.module_path, list(node.in_specs[c]),
             list(node.out_specs[c]), float(node.compute_s[c]), float(node.forward_comm_s[c]),
-            float(node.backward_comm_s[c]), alternatives, list(partial), scatter,
-            [list(g) for g in grads])
+            float(node.backward_comm_s[c]) - shared_s.get(name, 0.0), alternatives,
+            list(partial), scatter, [list(g) for g in grads])
         weight = node_weight.get(name, 1.0)
         compute += weight * float(node.compute_s[c])
-        comm += weight * float(node.forward_comm_s[c] + node.backward_comm_s[c])
+        comm += weight * (nodes[name].forward_comm_s + nodes[name].backward_comm_s)
     edges = []
     for producer, o, consumer, k in table.edges():
         src = nodes[producer].outputs[o]
