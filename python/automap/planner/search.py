@@ -210,20 +210,34 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     repeats = instance_repeats(blocks, list(stacks)) if stacks else None
     line = timeline(table)
 
-    # One ILP for every budget the search asks: built once, budgets change bounds.
-    ilp = ShardingIlp(table, time_limit_s=time_limit_s, mip_rel_gap=MIP_REL_GAP,
-                      merge_followers=merge_followers,
-                      blocks=blocks, node_weight=node_weight, edge_weight=edge_weight,
-                      optimizer=optimizer, exact_columns=exact_columns)
+    def make_ilp() -> ShardingIlp:
+        return ShardingIlp(table, time_limit_s=time_limit_s, mip_rel_gap=MIP_REL_GAP,
+                           merge_followers=merge_followers,
+                           blocks=blocks, node_weight=node_weight, edge_weight=edge_weight,
+                           optimizer=optimizer, exact_columns=exact_columns)
 
-    def solve(budget, find_least=True):
-        sol = ilp.solve(budget, find_least=find_least)
-        if verbose:
-            limit = "no memory limit" if budget is None else f"memory limit {_size(budget)}"
-            print(f"automap: {sum(len(n) for n in table.nodes.values())} strategies in "
-                  f"{t1 - t0:.2f} s; ILP ({limit}) built in {sol.build_s:.2f} s, "
-                  f"solved in {sol.solve_s:.2f} s")
-        return sol
+    def solver(instance: ShardingIlp):
+        def solve(budget, find_least=True):
+            sol = instance.solve(budget, find_least=find_least)
+            if verbose:
+                limit = "no memory limit" if budget is None else f"memory limit {_size(budget)}"
+                print(f"automap: {sum(len(n) for n in table.nodes.values())} strategies in "
+                      f"{t1 - t0:.2f} s; ILP ({limit}) built in {sol.build_s:.2f} s, "
+                      f"solved in {sol.solve_s:.2f} s")
+            return sol
+        return solve
+
+    # One ILP for every budget the search asks: built once, budgets change bounds.
+    ilp = make_ilp()
+    lean: list = []
+
+    def leanest():
+        """The memory-minimal intra-op plan, solved on an ILP of its own: plans of
+        equal least memory tie, and a solver warm from other budgets may break
+        the tie another way, giving another least budget after checkpointing."""
+        if not lean:
+            lean.append(_leanest(solver(make_ilp())))
+        return lean[0]
 
     def package(sol, checkpoint=None):
         estimate = estimate_memory(table, sol.choice, line, optimizer, node_weight)
@@ -231,11 +245,15 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                         edge_weight, blocks, stacks, device, optimizer, trace_s, t1 - t0,
                         checkpoint, estimate)
 
-    def search(budget, mode=checkpointing):
+    def search(budget, mode=checkpointing, fresh=False):
+        """The model-based search at ``budget``; ``fresh``: on an ILP of its own, a
+        function of the budget alone (where the least budget an error names is
+        found, so that a later call at that budget finds the same plan)."""
+        instance = make_ilp() if fresh else ilp
         if budget is None or mode == "off":
-            return package(solve(budget))
-        return _two_stage(traced, profile, table, budget, solve, ilp.could_fit, package, mode,
-                          ladder_alpha, ladder_steps, verbose, repeats)
+            return package(solver(instance)(budget))
+        return _two_stage(traced, profile, table, budget, solver(instance), instance.could_fit,
+                          package, mode, ladder_alpha, ladder_steps, verbose, repeats, leanest)
 
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     verify = verify and not stacks  # a depth-reduced plan is not generated: no simulation
@@ -270,7 +288,8 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
             return simulated(plain)
 
         try:
-            plain = _verified_search(lambda b: search(b, "off"), simulated_if_faster,
+            plain = _verified_search(lambda b, fresh=False: search(b, "off", fresh),
+                                     simulated_if_faster,
                                      memory_budget_bytes, verbose)
         except (InfeasibleBudgetError, _NotFaster):
             return found
@@ -349,7 +368,7 @@ def _leanest_simulated(err: InfeasibleBudgetError, search, simulated, budget: fl
     if not least:
         raise err
     try:
-        leanest = simulated(search(float(least) * (1 + 1e-6)))
+        leanest = simulated(search(float(least) * (1 + 1e-6), fresh=True))
     except InfeasibleBudgetError:
         raise err from None
     peak = _with_headroom(leanest.predicted_peak_memory_bytes)
@@ -368,7 +387,7 @@ def _rung(budget) -> str:
 
 
 def _two_stage(traced, profile, table, budget, solve, could_fit, package, checkpointing, alpha,
-               steps, verbose, repeats) -> Plan:
+               steps, verbose, repeats, leanest_plan) -> Plan:
     """MAP's two-stage search (section 5.3): intra-op plans for a ladder of
     looser budgets, each made to fit the real ``budget`` by the rotor
     checkpointing DP; the fastest combination wins. The unconstrained (fastest)
@@ -421,7 +440,7 @@ def _two_stage(traced, profile, table, budget, solve, could_fit, package, checkp
             f"({_size(least)}). Raise the budget, or use checkpointing='auto'.", int(least))
     if best is None:
         # The memory-minimal intra-op plan, checkpointed, fits where no rung does.
-        leanest, plain_least = _leanest(solve)
+        leanest, plain_least = leanest_plan()
         if leanest is not None and leanest.peak_memory_bytes <= budget:
             consider(package(leanest))
         elif leanest is not None:
