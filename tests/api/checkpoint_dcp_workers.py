@@ -1,0 +1,101 @@
+"""Run inside spawned gloo processes by test_checkpoint_dcp.py: train under one
+plan, save a sharded checkpoint with torch.distributed.checkpoint, load it under
+other plans and train on."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+import automap
+from automap import DeviceMesh
+from automap.generate.program import generate
+from automap.planner.plan import Plan
+from automap.planner.search import plan as solve_plan
+from automap.trace.tracing import default_loss, trace
+from serial import build, call_module, make_optimizer
+from speeds import FAST, speeds
+
+#: Steps before the checkpoint, and after it.
+BEFORE, AFTER = 2, 2
+
+
+def plans(model, inputs, loss_fn) -> dict[str, Plan]:
+    """The saving plan (2,2) under a tight budget (it splits the MLP weights over
+    both axes, axis 1 outermost: ``S10R``, ``RS10``), the same mesh's unconstrained
+    plan (replicated), and a (4,) plan that splits compute (vocab-parallel
+    embedding, Megatron layers)."""
+    loose = solve_plan(model, inputs, DeviceMesh((2, 2)), loss_fn=loss_fn, **FAST)
+    tight = solve_plan(model, inputs, DeviceMesh((2, 2)), loss_fn=loss_fn, checkpointing="off",
+                       memory_budget_bytes=0.6 * loose.predicted_peak_memory_bytes, **FAST)
+    flat = solve_plan(model, inputs, DeviceMesh((4,)), loss_fn=loss_fn, **speeds(1e6))
+    return {"save_2x2_tight": tight, "load_2x2_loose": loose, "load_4": flat}
+
+
+def _groups(cache: dict, mesh: DeviceMesh):
+    key = (mesh.shape, mesh.ranks)
+    if key not in cache:
+        cache[key] = mesh.process_groups()
+    return cache[key]
+
+
+def _train(module, opt, inputs, steps: int) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        loss = call_module(module, inputs)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def save_and_reload(rank: int, world: int, directory: str) -> dict:
+    model, inputs, loss_fn = build("gpt2")
+    traced = trace(model, inputs, loss_fn=loss_fn or default_loss)
+    payload = [None]
+    if rank == 0:
+        payload = [{k: p.to_dict() for k, p in plans(model, inputs, loss_fn).items()}]
+    dist.broadcast_object_list(payload, src=0)
+    made = {k: Plan.from_dict(d) for k, d in payload[0].items()}
+    cache: dict = {}
+    out: dict = {"specs": {k: sorted({n.outputs[0] for n in p.nodes.values()
+                                      if n.kind == "parameter"}) for k, p in made.items()}}
+
+    # Train BEFORE steps under the saving plan and save, with no gather.
+    plan = made["save_2x2_tight"]
+    module = generate(traced, plan, model, _groups(cache, plan.mesh))
+    opt = make_optimizer("adamw", module.parameters())
+    out["losses_before"] = _train(module, opt, inputs, BEFORE)
+    model_sd, optim_sd = automap.get_state_dict(module, opt)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=directory)
+    saved = module.full_state_dict()
+    out["state_dict_types"] = sorted({type(v).__name__ for v in module.state_dict().values()})
+    out["placements"] = {k: [str(p) for p in v.placements] for k, v in model_sd.items()}
+    # The uninterrupted run goes on from here.
+    out["losses_uninterrupted"] = _train(module, opt, inputs, AFTER)
+    uninterrupted = module.full_state_dict()  # collective
+    out["full_uninterrupted"] = uninterrupted if rank == 0 else None
+
+    # Load into fresh modules of other plans (their weights start from the model's
+    # initial ones, so equality below comes from the checkpoint).
+    out["loaded"] = {}
+    for name in ("load_4", "load_2x2_loose", "save_2x2_tight"):
+        plan = made[name]
+        fresh = generate(traced, plan, model, _groups(cache, plan.mesh))
+        fresh_opt = make_optimizer("adamw", fresh.parameters())
+        model_sd, optim_sd = automap.get_state_dict(fresh, fresh_opt)
+        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=directory)
+        automap.set_state_dict(fresh, fresh_opt, model_state_dict=model_sd,
+                               optim_state_dict=optim_sd)
+        full = fresh.full_state_dict()
+        record = {
+            "max_weight_diff": max(float((full[k] - saved[k]).abs().max()) for k in saved),
+            "steps": sorted({float(s["step"]) for s in fresh_opt.state.values()}),
+            "losses_after": _train(fresh, fresh_opt, inputs, AFTER),
+        }
+        final = fresh.full_state_dict()
+        record["max_final_diff"] = max(
+            float((final[k] - uninterrupted[k]).abs().max()) for k in final)
+        out["loaded"][name] = record
+    return out
