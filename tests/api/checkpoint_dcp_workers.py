@@ -72,6 +72,7 @@ def save_and_reload(rank: int, world: int, directory: str) -> dict:
     saved = module.full_state_dict()
     out["state_dict_types"] = sorted({type(v).__name__ for v in module.state_dict().values()})
     out["placements"] = {k: [str(p) for p in v.placements] for k, v in model_sd.items()}
+    out["plan_placements"] = {k: [str(p) for p in v] for k, v in plan.placements(model).items()}
     # The uninterrupted run goes on from here.
     out["losses_uninterrupted"] = _train(module, opt, inputs, AFTER)
     uninterrupted = module.full_state_dict()  # collective
@@ -90,6 +91,8 @@ def save_and_reload(rank: int, world: int, directory: str) -> dict:
                                optim_state_dict=optim_sd)
         full = fresh.full_state_dict()
         record = {
+            "placements_match_plan": {k: tuple(v.placements) for k, v in model_sd.items()}
+            == plan.placements(model),
             "max_weight_diff": max(float((full[k] - saved[k]).abs().max()) for k in saved),
             "steps": sorted({float(s["step"]) for s in fresh_opt.state.values()}),
             "losses_after": _train(fresh, fresh_opt, inputs, AFTER),

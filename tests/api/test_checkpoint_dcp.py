@@ -71,6 +71,7 @@ def test_save_on_2x2_load_anywhere(tmp_path):
     assert first["state_dict_types"] == ["DTensor"]
     assert any("_S(0, 2)" in p for ps in first["placements"].values() for p in ps), \
         first["placements"]
+    assert first["placements"] == first["plan_placements"]  # Plan.placements(model)
 
     # Saved sharded: a weight split over both axes is 4 chunks, one per rank.
     metadata = FileSystemReader(directory).read_metadata()
@@ -84,6 +85,7 @@ def test_save_on_2x2_load_anywhere(tmp_path):
               f"{record['losses_after']} (uninterrupted {first['losses_uninterrupted']}), "
               f"final params vs uninterrupted {record['max_final_diff']:.1e}")
         assert record["max_weight_diff"] == 0.0, name
+        assert record["placements_match_plan"], name
         assert record["steps"] == [float(BEFORE)], name  # AdamW's step count came along
         for r in results:
             assert _close(r["loaded"][name]["losses_after"], first["losses_uninterrupted"]), name
