@@ -101,4 +101,23 @@ def save_and_reload(rank: int, world: int, directory: str) -> dict:
         record["max_final_diff"] = max(
             float((final[k] - uninterrupted[k]).abs().max()) for k in final)
         out["loaded"][name] = record
+
+    # Other ways in: the saving module's DTensors into another plan's module (other
+    # placements: gathered, then cut) and whole tensors, as a serial model's state
+    # dict has them (cut).
+    other = generate(traced, made["load_2x2_loose"], model, _groups(cache, plan.mesh))
+    other.load_state_dict(module.state_dict())
+    out["from_other_placements"] = _max_diff(other.full_state_dict(), uninterrupted)
+    whole = {**uninterrupted, **{a: uninterrupted[c] for a, c in module.aliases.items()}}
+    flat = generate(traced, made["load_4"], model, _groups(cache, made["load_4"].mesh))
+    flat.load_state_dict(whole)
+    out["from_whole"] = _max_diff(flat.full_state_dict(), uninterrupted)
+    try:
+        flat.load_state_dict({k: v[:1] for k, v in whole.items()})
+    except automap.InvalidArgumentError as e:
+        out["shard_refused"] = str(e)
     return out
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in b)

@@ -91,6 +91,11 @@ def test_save_on_2x2_load_anywhere(tmp_path):
             assert _close(r["loaded"][name]["losses_after"], first["losses_uninterrupted"]), name
         assert record["max_final_diff"] <= PARAM_TOL, name
 
+    print(f"from another plan's DTensors {first['from_other_placements']:.1e}, from whole "
+          f"tensors {first['from_whole']:.1e}")
+    assert first["from_other_placements"] == 0.0 and first["from_whole"] == 0.0
+    assert "not a rank's shard" in first["shard_refused"], first.get("shard_refused")
+
     # (c) The serial model, in this process (no process group): the checkpoint as
     # one torch.save file of whole tensors.
     whole = tmp_path / "whole.pt"
