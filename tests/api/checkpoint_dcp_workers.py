@@ -4,6 +4,7 @@ other plans and train on."""
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
@@ -13,7 +14,8 @@ from automap.generate.program import generate
 from automap.planner.plan import Plan
 from automap.planner.search import plan as solve_plan
 from automap.trace.tracing import default_loss, trace
-from serial import build, call_module, make_optimizer
+from forced_plans import forced_plan
+from serial import build, call_module, make_optimizer, no_dropout
 from speeds import FAST, speeds
 
 #: Steps before the checkpoint, and after it.
@@ -121,3 +123,49 @@ def save_and_reload(rank: int, world: int, directory: str) -> dict:
 
 def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in b)
+
+
+def mlp():
+    """An MLP whose dims divide by 2 but not all by 4 (12, 24, 10)."""
+    import model_zoo
+
+    torch.manual_seed(0)
+    model = no_dropout(model_zoo.MLP(d_in=12, hidden=24, d_out=10))
+    x, y = torch.randn(8, 12), torch.randint(0, 10, (8,))
+    return model, (x,), lambda out: torch.nn.functional.cross_entropy(out, y)
+
+
+def permuted_mesh(rank: int, world: int, directory: str) -> dict:
+    """Save under a forced plan on a (2,2) mesh of permuted ranks (every weight
+    split, over both axes in both orders), load under the solver's (4,) plan."""
+    model, inputs, loss_fn = mlp()
+    traced = trace(model, inputs, loss_fn=loss_fn)
+    mesh = DeviceMesh((2, 2), ranks=[3, 1, 0, 2])
+    payload = [None]
+    if rank == 0:
+        saving = forced_plan(model, inputs, loss_fn, mesh, params={
+            r"fc1\.weight": "S10R", r"fc1\.bias": "S10", r"fc2\.weight": "RS01",
+            r"head\.weight": "S1S0"})[1]
+        loading = solve_plan(model, inputs, DeviceMesh((4,)), loss_fn=loss_fn, **speeds(1e6))
+        payload = [[saving.to_dict(), loading.to_dict()]]
+    dist.broadcast_object_list(payload, src=0)
+    saving, loading = (Plan.from_dict(d) for d in payload[0])
+    cache: dict = {}
+    module = generate(traced, saving, model, _groups(cache, saving.mesh))
+    opt = make_optimizer("adamw", module.parameters())
+    out = {"losses_before": _train(module, opt, inputs, BEFORE),
+           "specs": {n.name: n.outputs[0] for n in saving.nodes.values()
+                     if n.kind == "parameter"}}
+    model_sd, optim_sd = automap.get_state_dict(module, opt)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=directory)
+    saved = module.full_state_dict()
+    out["losses_uninterrupted"] = _train(module, opt, inputs, AFTER)
+    fresh = generate(traced, loading, model, _groups(cache, loading.mesh))
+    fresh_opt = make_optimizer("adamw", fresh.parameters())
+    model_sd, optim_sd = automap.get_state_dict(fresh, fresh_opt)
+    dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=directory)
+    automap.set_state_dict(fresh, fresh_opt, model_state_dict=model_sd,
+                           optim_state_dict=optim_sd)
+    out["max_weight_diff"] = _max_diff(fresh.full_state_dict(), saved)
+    out["losses_after"] = _train(fresh, fresh_opt, inputs, AFTER)
+    return out

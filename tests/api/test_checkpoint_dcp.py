@@ -7,7 +7,8 @@ writes its own blocks: no gather), then loaded into fresh modules of (a) a (4,)
 plan, (b) the same mesh's unconstrained plan and the saving plan itself, and
 (c) the serial model in a process with no process group (``dcp_to_torch_save``):
 weights equal the saved ones exactly, AdamW's state comes along, and 2 more steps
-give the losses of the uninterrupted run (and of the serial model)."""
+give the losses of the uninterrupted run (and of the serial model). A second run
+saves an MLP from a (2,2) mesh of permuted ranks and loads it under (4,)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
 from automap.launch import run_on_gloo
-from checkpoint_dcp_workers import AFTER, BEFORE, save_and_reload
+from checkpoint_dcp_workers import AFTER, BEFORE, permuted_mesh, save_and_reload
 from serial import build, make_optimizer
 
 #: Relative tolerance of losses across plans (fp32; the reductions' order differs).
@@ -112,3 +113,20 @@ def test_save_on_2x2_load_anywhere(tmp_path):
     worst = max(float((p.detach() - final[n]).abs().max())
                 for n, p in restored.named_parameters())
     assert worst <= PARAM_TOL, worst
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(420)
+def test_mesh_of_permuted_ranks(tmp_path):
+    """A (2,2) mesh over ranks [3, 1, 0, 2], weights split over both axes in both
+    orders (``S10R``, ``RS01``, ``S1S0``): the torch mesh keeps automap's
+    coordinates, so the checkpoint loads under a (4,) plan and training goes on
+    with the uninterrupted run's losses."""
+    results = run_on_gloo(permuted_mesh, 4, str(tmp_path / "checkpoint"), timeout_s=360)
+    first = results[0]
+    assert {"S10R", "RS01", "S1S0"} <= set(first["specs"].values()), first["specs"]
+    print(f"weights vs saved {first['max_weight_diff']:.1e}, losses {first['losses_after']} "
+          f"(uninterrupted {first['losses_uninterrupted']})")
+    for r in results:
+        assert r["max_weight_diff"] == 0.0
+        assert _close(r["losses_after"], r["losses_uninterrupted"])
