@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from automap.cluster.cluster import Cluster, Device
     from automap.cluster.detect import detect_cluster
     from automap.cluster.device import DeviceProfile
+    from automap.generate.dtensor_state import get_state_dict, set_state_dict
     from automap.generate.module import ParallelModule
     from automap.planner.plan import Plan
     from automap.planner.search import plan
@@ -62,6 +63,8 @@ _LAZY = {
     "detect_cluster": "automap.cluster.detect",
     "DeviceProfile": "automap.cluster.device",
     "ParallelModule": "automap.generate.module",
+    "get_state_dict": "automap.generate.dtensor_state",
+    "set_state_dict": "automap.generate.dtensor_state",
     "Plan": "automap.planner.plan",
     "plan": "automap.planner.search",
     "LayoutPath": "automap.sharding.layout",
@@ -141,10 +144,12 @@ __all__ = [
     "clear_layout_cache",
     "detect_cluster",
     "enumerate_specs",
+    "get_state_dict",
     "layout_cache_stats",
     "layout_path",
     "plan",
     "profile",
     "resharding_cost_matrix",
+    "set_state_dict",
     "trace",
 ]

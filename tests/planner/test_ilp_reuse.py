@@ -42,8 +42,11 @@ def test_each_formulation_is_built_once_per_search(builds, checkpointing):
     builds.clear()
     plan(model, inputs, mesh, 0.6 * free.predicted_peak_memory_bytes, loss_fn=loss_fn,
          checkpointing=checkpointing, **SPEEDS)
-    # At most one unconstrained and one budgeted formulation, however many solves.
-    assert builds.count(False) <= 1 and builds.count(True) <= 1, builds
+    # At most one unconstrained and one budgeted formulation, however many solves,
+    # and one more budgeted one where the search needs the least-memory plan (an
+    # ILP of its own, so that its tie among equally lean plans does not depend on
+    # the budgets solved before: the least budget an error names stays reachable).
+    assert builds.count(False) <= 1 and builds.count(True) <= 2, builds
 
 
 @pytest.mark.timeout(600)

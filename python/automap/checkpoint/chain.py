@@ -102,7 +102,7 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int],
     chain = Chain(stages)
     for k, stage in enumerate(stages):
         fc = bc = fm = bm = 0.0
-        out = saved = ftmp = grads = 0.0
+        out = saved = grads = 0.0
         for name in stage:
             node = table.nodes.get(name)
             prof = profile.by_name.get(name)
@@ -134,7 +134,6 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int],
                 saved -= sum(float(node.saved_input_bytes[c, j])
                              for j, (p, _) in enumerate(node.inputs)
                              if stage_of.get(p, k) < k)
-            ftmp = max(ftmp, mem.fwd[i])
             grads += grads_at[i]
         chain.fwd_compute_s.append(fc)
         chain.bwd_compute_s.append(bc)
@@ -142,12 +141,36 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int],
         chain.bwd_comm_s.append(bm)
         chain.out_bytes.append(int(out))
         chain.saved_bytes.append(int(out + max(0.0, saved)))
-        chain.fwd_tmp_bytes.append(int(ftmp))
         chain.param_grad_bytes.append(int(grads))
+    chain.fwd_tmp_bytes = _forward_overheads(chain, table, choice, line, mem)
     chain.bwd_tmp_bytes = _backward_overheads(chain, table, choice, line, mem)
     chain.persistent_bytes = int(held.state_bytes + held.input_bytes)
     chain.largest_param_bytes = held.largest_param_bytes
     return _repeat_stages(chain, repeats) if repeats else chain
+
+
+def _forward_overheads(chain: Chain, table, choice, line, mem) -> list[int]:
+    """Per stage, what its forward needs beyond what the rotor counts there. A
+    forward that saves counts the stage's whole saved set with the overhead, one
+    that does not its output: the overhead is the larger of the memory model's
+    peak over the stage's forwards less what the saving forward counts (a large
+    transient early in a stage comes before most of the stage's saved tensors)
+    and the stage's largest transient less its output (the forward that saves
+    nothing)."""
+    model = estimate_memory(table, choice, line, table.optimizer).forward_bytes
+    base = mem.state_bytes + mem.input_bytes
+    saved_before = np.concatenate(([0], np.cumsum(chain.saved_bytes)[:-1]))
+    out = []
+    for k, stage in enumerate(chain.stages):
+        positions = [line.position[n] for n in stage if n in line.position]
+        if not positions:
+            out.append(0)
+            continue
+        saving = max(model[i] for i in positions) - (base + saved_before[k]
+                                                     + chain.saved_bytes[k])
+        plain = max(mem.fwd[i] for i in positions) - chain.out_bytes[k]
+        out.append(int(max(0.0, saving, plain)))
+    return out
 
 
 def _backward_overheads(chain: Chain, table, choice, line, mem) -> list[int]:

@@ -21,7 +21,7 @@ from automap.generate.ops import take_shard
 from automap.generate.state import StateShard, local_bounds
 from automap.sharding.collectives import identity_all_reduce_grad, split_dim
 from automap.sharding.spec import ShardingSpec
-from automap.solve.signatures import op_family, signature
+from automap.solve.signatures import op_family, signature, written_args
 
 _BIAS_OPS = {"linear": 2, "addmm": 0, "baddbmm": 0, "conv1d": 2, "conv2d": 2, "conv3d": 2,
              "conv_transpose1d": 2, "conv_transpose2d": 2, "conv_transpose3d": 2}
@@ -65,6 +65,9 @@ class _Pass:
         self.env: dict[str, fx.Node] = {}
         # View node -> (its base, whether it read the base unconverted).
         self.view_base: dict[str, tuple[fx.Node, bool]] = {}
+        # (activation, mesh axes) -> the one wrap whose backward all-reduces the
+        # summed partial gradients of every reader (solve/shared_gradients.py).
+        self.shared_grad: dict[tuple[str, tuple[int, ...]], fx.Node] = {}
 
     # Specs ---------------------------------------------------------------------------
     def spec_of(self, node: fx.Node, index: int = 0) -> str:
@@ -201,25 +204,34 @@ class _Pass:
                 k, position = position, position + 1
                 value = self.convert(a, node_plan.inputs[k])
                 grads = node_plan.grad_reduce_axes
-                return self.em.reduce_grad(value, grads[k] if k < len(grads) else [])
+                return self.reduce_grad(a, value, grads[k] if k < len(grads) else [])
             return self.convert(a, "R" * _tensor_val(a).dim())
 
         args, kwargs = pytree.tree_map_only(fx.Node, local, (node.args, node.kwargs))
         return tuple(args), dict(kwargs)
 
+    def reduce_grad(self, source: fx.Node, value: fx.Node, axes) -> fx.Node:
+        """``value`` (``source`` as a node reads it) wrapped so that its gradient is
+        all-reduced over ``axes``; readers of an activation as produced share one
+        wrap, so their partial gradients are summed before one all-reduce."""
+        key = (source.name, tuple(axes))
+        if not axes or value is not self.env[source.name] \
+                or self.traced.state_of(source.name) is not None:
+            return self.em.reduce_grad(value, axes)
+        if key not in self.shared_grad:
+            self.shared_grad[key] = self.em.reduce_grad(value, axes)
+        return self.shared_grad[key]
+
     def check_in_place(self, node: fx.Node, args: tuple, kwargs: dict) -> None:
         """An in-place op must mutate the tensor itself, not a converted copy, when the
         tensor is state (batch-norm statistics) or read again later."""
-        schema = getattr(node.target, "_schema", None)
-        if schema is None:
-            return
-        for i, arg in enumerate(schema.arguments):
-            if arg.alias_info is None or not arg.alias_info.is_write:
-                continue
-            old = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-            new = args[i] if i < len(args) else kwargs.get(arg.name)
-            if not isinstance(old, fx.Node):
-                continue
+        for old in written_args(node):
+            i = next((j for j, a in enumerate(node.args) if a is old), None)
+            if i is not None:
+                new = args[i] if i < len(args) else None
+            else:
+                key = next((k for k, a in node.kwargs.items() if a is old), None)
+                new = kwargs.get(key)
             if new is self.env[old.name]:
                 self.check_written_view(node, old)
                 continue

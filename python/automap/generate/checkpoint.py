@@ -23,6 +23,7 @@ import torch.utils.checkpoint
 from torch import fx
 
 from automap.errors import AutomapError
+from automap.solve.signatures import written_args
 
 ORIGIN = "automap_origin"
 _STAGE = "automap_stage"
@@ -60,26 +61,6 @@ def _hoist_get_attrs(graph: fx.Graph) -> None:
             first.prepend(node)
 
 
-def _written_args(node: fx.Node) -> list[fx.Node]:
-    """The tensors ``node`` writes in place: its schema's mutable arguments, and
-    a training batch norm's running statistics (its schema does not say so)."""
-    if node.op != "call_function":
-        return []
-    if node.target is torch.ops.aten.batch_norm.default:
-        training = node.args[5] if len(node.args) > 5 else node.kwargs.get("training")
-        return [a for a in node.args[3:5] if isinstance(a, fx.Node)] if training else []
-    schema = getattr(node.target, "_schema", None)
-    if schema is None:
-        return []
-    written = []
-    for i, arg in enumerate(schema.arguments):
-        if arg.alias_info is not None and arg.alias_info.is_write:
-            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-            if isinstance(value, fx.Node):
-                written.append(value)
-    return written
-
-
 def _wrap(graph: fx.Graph, attrs: dict, block: dict, counter) -> None:
     for child in block.get("children", []):
         _wrap(graph, attrs, child, counter)
@@ -105,7 +86,7 @@ def _wrap(graph: fx.Graph, attrs: dict, block: dict, counter) -> None:
     # once per step, not again on recomputation, and checkpoint refuses saved
     # inputs modified after the forward: the region gets an untouched copy,
     # writes its own copy of that, and the call copies the result back.
-    written = list(dict.fromkeys(a for n in region for a in _written_args(n)
+    written = list(dict.fromkeys(a for n in region for a in written_args(n)
                                  if a not in inside))
 
     sub = fx.Graph()

@@ -3,6 +3,7 @@ user's parameter names, so ``module.parameters()`` feeds any optimizer as is."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -32,6 +33,55 @@ class ParallelModule(fx.GraphModule):
     plan: Any  # an automap.Plan (the planner sits above the generator: not imported)
     groups: MeshProcessGroups
     shards: dict[str, StateShard]
+    #: Tied names other than the first (``lm_head.weight``) -> the shard they share.
+    aliases: dict[str, str]
+
+    def state_dict(self, *args: Any, destination: Any = None, prefix: str = "",
+                   keep_vars: bool = False) -> Any:
+        """The user model's state dict (its names, tied names included), each
+        parameter and buffer a ``DTensor`` view of this rank's shard with the plan's
+        placements (``automap.generate.dtensor_state``), on a torch ``DeviceMesh``
+        of the plan's mesh: ``torch.distributed.checkpoint`` saves it sharded, with no
+        gather. The first call builds the torch mesh (collective: every rank calls it)."""
+        from automap.generate import dtensor_state
+
+        out = super().state_dict(*args, destination=destination, prefix=prefix,
+                                 keep_vars=keep_vars)
+        for key in [k for k in out if k.startswith(prefix)]:
+            name = dtensor_state.canonical(self, key[len(prefix):])
+            if name is not None and isinstance(out[key], torch.Tensor):
+                out[key] = dtensor_state.as_dtensor(self, name, out[key])
+        return out
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True,
+                        assign: bool = False) -> Any:
+        """Load a state dict by the user's names: DTensors (this module's own, which
+        ``torch.distributed.checkpoint.load`` has filled in place; those of another
+        plan, gathered and cut) or whole tensors (a serial model's, cut)."""
+        from automap.generate import dtensor_state
+
+        local = {key: dtensor_state.to_local(self, key, value)
+                 for key, value in state_dict.items()}
+        return super().load_state_dict(local, strict=strict, assign=assign)
+
+    def register_aliases(self, aliases: dict[str, str]) -> None:
+        """Register each tied name at its place as the same tensor as its canonical
+        shard, so that the state dict names every key the user's model does."""
+        self.aliases = dict(aliases)
+        for alias, name in aliases.items():
+            shard = self.shards[name]
+            value = self.get_parameter(name) if shard.kind == "parameter" else \
+                self.get_buffer(name)
+            *path, leaf = alias.split(".")
+            module = self
+            for atom in path:
+                if not hasattr(module, atom):
+                    module.add_module(atom, nn.Module())
+                module = getattr(module, atom)
+            if isinstance(value, nn.Parameter):  # a parameter shard
+                module.register_parameter(leaf, value)
+            else:
+                module.register_buffer(leaf, value, persistent=shard.kind == "buffer")
 
     def full_state_dict(self, gradients: bool = False) -> dict[str, torch.Tensor]:
         """Every parameter and buffer gathered whole (collective: every rank of the

@@ -68,6 +68,10 @@ def assemble(traced, plan, groups, rank: int, device: torch.device, local_inputs
         setattr(root, attr, obj)
     module = ParallelModule(root, out.graph, class_name="ParallelModule")
     module.plan, module.groups, module.shards = plan, groups, out.shards
+    module.register_aliases({
+        state.name: state.canonical
+        for state in [*traced.parameters.values(), *traced.buffers.values()]
+        if state.canonical != state.name and state.canonical in out.shards})
     # Gradients come roughly in reverse order of first use.
     synced = [(module.get_parameter(name), groups.axis_group(axes))
               for name, axes in reversed(deferred)]

@@ -193,6 +193,18 @@ class Plan:
         check_against_graph(self, traced)
 
     # Explanation --------------------------------------------------------------------
+    def placements(self, model: torch.nn.Module | None = None) -> dict[str, tuple]:
+        """Every parameter's and buffer's DTensor placements under this plan, by the
+        user's name: one placement per mesh axis (``Shard(d)``, ``_StridedShard`` where
+        a dim's axes are out of mesh order, ``Replicate()``), those the generated
+        module's ``state_dict()`` holds. ``model`` (any device, meta too) makes the
+        names exact and gives tied names their shared tensor's placements; without
+        it names come from the plan's placeholders (``automap.planner.placements``).
+        Needs no process group."""
+        from automap.planner.placements import state_placements
+
+        return state_placements(self, model)
+
     def summary(self) -> str:
         budget = ("no memory budget" if self.memory_budget_bytes is None
                   else f"budget {format_bytes(self.memory_budget_bytes)}"

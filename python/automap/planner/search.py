@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ from automap.planner.checks import (
 )
 from automap.planner.plan import EdgePlan, NodePlan, Plan, current_versions, graph_fingerprint
 from automap.planner.plan import format_bytes as _size
-from automap.planner.step_time import step_time
+from automap.planner.step_time import shared_gradient_savings, step_time
 from automap.progress import stage, verbose_switch
 from automap.sharding.layout import layout_path
 from automap.sharding.mesh import DeviceMesh
@@ -230,24 +231,40 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     repeats = instance_repeats(blocks, list(stacks)) if stacks else None
     line = timeline(table)
 
+    def make_ilp() -> ShardingIlp:
+        return ShardingIlp(table, time_limit_s=time_limit_s, mip_rel_gap=MIP_REL_GAP,
+                           merge_followers=merge_followers,
+                           blocks=blocks, node_weight=node_weight, edge_weight=edge_weight,
+                           optimizer=optimizer, exact_columns=exact_columns)
+
+    # Solutions are memoised per instance (which keeps them alive): each is reported once.
+    reported: weakref.WeakKeyDictionary[ShardingIlp, set[int]] = weakref.WeakKeyDictionary()
+
+    def solver(instance: ShardingIlp):
+        def solve(budget, find_least=True):
+            sol = instance.solve(budget, find_least=find_least)
+            seen = reported.setdefault(instance, set())
+            if id(sol) not in seen:
+                seen.add(id(sol))
+                limit = "no memory limit" if budget is None else f"memory limit {_size(budget)}"
+                log.info("ILP (%s): %s, step %.4g ms (linear model), gap %.2g %%, peak %s; "
+                         "built in %.2f s, solved in %.2f s", limit, sol.status,
+                         sol.objective_s * 1e3, sol.gap * 100, _size(sol.peak_memory_bytes),
+                         sol.build_s, sol.solve_s)
+            return sol
+        return solve
+
     # One ILP for every budget the search asks: built once, budgets change bounds.
-    ilp = ShardingIlp(table, time_limit_s=time_limit_s, mip_rel_gap=MIP_REL_GAP,
-                      merge_followers=merge_followers,
-                      blocks=blocks, node_weight=node_weight, edge_weight=edge_weight,
-                      optimizer=optimizer, exact_columns=exact_columns)
+    ilp = make_ilp()
+    lean: list = []
 
-    reported: set[int] = set()  # solutions are memoised: each is reported once
-
-    def solve(budget, find_least=True):
-        sol = ilp.solve(budget, find_least=find_least)
-        if id(sol) not in reported:
-            reported.add(id(sol))
-            limit = "no memory limit" if budget is None else f"memory limit {_size(budget)}"
-            log.info("ILP (%s): %s, step %.4g ms (linear model), gap %.2g %%, peak %s; "
-                     "built in %.2f s, solved in %.2f s", limit, sol.status,
-                     sol.objective_s * 1e3, sol.gap * 100, _size(sol.peak_memory_bytes),
-                     sol.build_s, sol.solve_s)
-        return sol
+    def leanest():
+        """The memory-minimal intra-op plan, solved on an ILP of its own: plans of
+        equal least memory tie, and a solver warm from other budgets may break
+        the tie another way, giving another least budget after checkpointing."""
+        if not lean:
+            lean.append(_leanest(solver(make_ilp())))
+        return lean[0]
 
     def package(sol, checkpoint=None):
         estimate = estimate_memory(table, sol.choice, line, optimizer, node_weight)
@@ -255,11 +272,15 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                         edge_weight, blocks, stacks, device, optimizer, trace_s, t1 - t0,
                         checkpoint, estimate)
 
-    def search(budget, mode=checkpointing):
+    def search(budget, mode=checkpointing, fresh=False):
+        """The model-based search at ``budget``; ``fresh``: on an ILP of its own, a
+        function of the budget alone (where the least budget an error names is
+        found, so that a later call at that budget finds the same plan)."""
+        instance = make_ilp() if fresh else ilp
         if budget is None or mode == "off":
-            return package(solve(budget))
-        return _two_stage(traced, profile, table, budget, solve, ilp.could_fit, package, mode,
-                          ladder_alpha, ladder_steps, verbose, repeats)
+            return package(solver(instance)(budget))
+        return _two_stage(traced, profile, table, budget, solver(instance), instance.could_fit,
+                          package, mode, ladder_alpha, ladder_steps, verbose, repeats, leanest)
 
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     verify = verify and not stacks  # a depth-reduced plan is not generated: no simulation
@@ -296,7 +317,8 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
             return simulated(plain)
 
         try:
-            plain = _verified_search(lambda b: search(b, "off"), simulated_if_faster,
+            plain = _verified_search(lambda b, fresh=False: search(b, "off", fresh),
+                                     simulated_if_faster,
                                      memory_budget_bytes, verbose)
         except (InfeasibleBudgetError, _NotFaster):
             return found
@@ -372,7 +394,7 @@ def _leanest_simulated(err: InfeasibleBudgetError, search, simulated, budget: fl
     if not least:
         raise err
     try:
-        leanest = simulated(search(float(least) * (1 + 1e-6)))
+        leanest = simulated(search(float(least) * (1 + 1e-6), fresh=True))
     except InfeasibleBudgetError:
         raise err from None
     peak = _with_headroom(leanest.predicted_peak_memory_bytes)
@@ -391,7 +413,7 @@ def _rung(budget) -> str:
 
 
 def _two_stage(traced, profile, table, budget, solve, could_fit, package, checkpointing, alpha,
-               steps, verbose, repeats) -> Plan:
+               steps, verbose, repeats, leanest_plan) -> Plan:
     """MAP's two-stage search (section 5.3): intra-op plans for a ladder of
     looser budgets, each made to fit the real ``budget`` by the rotor
     checkpointing DP; the fastest combination wins. The unconstrained (fastest)
@@ -442,7 +464,7 @@ def _two_stage(traced, profile, table, budget, solve, could_fit, package, checkp
             f"({_size(least)}). Raise the budget, or use checkpointing='auto'.", int(least))
     if best is None:
         # The memory-minimal intra-op plan, checkpointed, fits where no rung does.
-        leanest, plain_least = _leanest(solve)
+        leanest, plain_least = leanest_plan()
         if leanest is not None and leanest.peak_memory_bytes <= budget:
             consider(package(leanest))
         elif leanest is not None:
@@ -507,6 +529,7 @@ def _package(traced, profile, table, sol, mesh, memory_budget_bytes, node_weight
              estimate) -> Plan:
     nodes: dict[str, NodePlan] = {}
     compute = comm = 0.0
+    shared_s = shared_gradient_savings(table, sol.choice)
     for name, node in table.nodes.items():
         c = sol.choice[name]
         order = np.argsort(node.time_s)
@@ -523,11 +546,11 @@ def _package(traced, profile, table, sol, mesh, memory_budget_bytes, node_weight
         nodes[name] = NodePlan(
             name, node.op, node.kind, node.module_path, list(node.in_specs[c]),
             list(node.out_specs[c]), float(node.compute_s[c]), float(node.forward_comm_s[c]),
-            float(node.backward_comm_s[c]), alternatives, list(partial), scatter,
-            [list(g) for g in grads])
+            float(node.backward_comm_s[c]) - shared_s.get(name, 0.0), alternatives,
+            list(partial), scatter, [list(g) for g in grads])
         weight = node_weight.get(name, 1.0)
         compute += weight * float(node.compute_s[c])
-        comm += weight * float(node.forward_comm_s[c] + node.backward_comm_s[c])
+        comm += weight * (nodes[name].forward_comm_s + nodes[name].backward_comm_s)
     edges = []
     for producer, o, consumer, k in table.edges():
         src = nodes[producer].outputs[o]

@@ -15,7 +15,8 @@ the last bucket, then runs the optimizer on every parameter shard.
 
 The ILP prices these terms linearly: every gradient all-reduced on its own
 and in full, nothing overlapped. ``sequential_s`` is this timeline without
-the overlap.
+the overlap. Readers of one activation that share its gradient all-reduce
+(``solve/shared_gradients.py``) pay it once, in the ILP and here.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from automap.sharding.collectives import DEFAULT_BUCKET_BYTES
+from automap.solve.shared_gradients import table_shared_gradients
 from automap.solve.strategies import ShardCounts
 
 #: Forward share of a node's work when the profiler counts no FLOPs for it
@@ -83,6 +85,18 @@ def deferred_gradients(table, choice) -> dict[str, tuple[tuple[int, ...], float]
         spec = table.nodes[param].out_specs[choice[param]][0]
         out[param] = (axes.pop(), table.nodes[param].outputs[0].nbytes / shard_count(spec))
     return out
+
+
+def shared_gradient_savings(table, choice) -> dict[str, float]:
+    """Per node, the seconds of gradient all-reduce its strategy prices that
+    another reader of the same activation runs for it (the readers after the
+    first of each ``solve/shared_gradients.py`` group)."""
+    saved: dict[str, float] = {}
+    for group in table_shared_gradients(table, choice):
+        cost = table.mesh.all_reduce_cost_s(group.local_bytes, group.axes)
+        for consumer, _ in group.readers[1:]:
+            saved[consumer] = saved.get(consumer, 0.0) + cost
+    return saved
 
 
 def recomputed_forwards(checkpoint) -> dict[str, int]:
@@ -157,6 +171,7 @@ def step_time(profile, table, choice, node_weight=None, edge_weight=None, checkp
 
     buckets, first_use = gradient_buckets(table, choice, node_weight, bucket_bytes)
     deferred = deferred_gradients(table, choice)
+    shared_s = shared_gradient_savings(table, choice)
 
     recomputed = recomputed_forwards(checkpoint)
     forward = optimizer = recompute_s = 0.0
@@ -168,7 +183,7 @@ def step_time(profile, table, choice, node_weight=None, edge_weight=None, checkp
         flops = (prof.fwd_flops + prof.bwd_flops) if prof is not None else 0
         share = prof.fwd_flops / flops if flops else FORWARD_SHARE_WITHOUT_FLOPS
         compute = float(node.compute_s[c])
-        bwd_comm = float(node.backward_comm_s[c])
+        bwd_comm = float(node.backward_comm_s[c]) - shared_s.get(name, 0.0)
         for producer, _ in node.inputs:
             param = table.nodes[producer].tied_to or producer
             if param in deferred:  # all-reduced in a bucket, not by the node

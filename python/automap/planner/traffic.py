@@ -17,6 +17,7 @@ import math
 from automap.planner.plan import Plan
 from automap.sharding.layout import layout_path
 from automap.sharding.spec import ShardingSpec
+from automap.solve.shared_gradients import plan_readings, shared_gradients
 
 _RING_SHARE = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0, "all_reduce": 2.0}
 
@@ -48,6 +49,10 @@ def collective_bytes_per_axis(plan: Plan) -> list[float]:
     read = {(e.consumer, e.input_index): math.prod(e.shape) * e.dtype_bytes for e in plan.edges}
     written = {(e.producer, e.output_index): math.prod(e.shape) * e.dtype_bytes
                for e in plan.edges}
+    # Readers after the first of a shared gradient all-reduce run none of their own.
+    shares = shared_gradients(plan_readings(plan), lambda spec: ShardingSpec.parse(spec)
+                              .shard_count(mesh))
+    sharing = {reader for group in shares for reader in group.readers[1:]}
     for node in plan.nodes.values():
         partial = node.partial_axes
         for o, spec in enumerate(node.outputs):
@@ -62,7 +67,7 @@ def collective_bytes_per_axis(plan: Plan) -> list[float]:
                 carry("reduce_scatter", before, partial)
                 carry("all_gather", before, partial)  # its dual, in the backward
         for i, axes in enumerate(node.grad_reduce_axes):
-            if axes and (node.name, i) in read:
+            if axes and (node.name, i) in read and (node.name, i) not in sharing:
                 carry("all_reduce", local(read[(node.name, i)], node.inputs[i]), axes)
     for e in plan.edges:
         if not e.steps:
@@ -78,3 +83,4 @@ def collective_bytes_per_axis(plan: Plan) -> list[float]:
             else:  # forward and backward exchange
                 per_axis[step.axis] += 2 * _sent_bytes("all_to_all", before, n)
     return per_axis
+

@@ -14,6 +14,8 @@
   conversions, forward and backward, + the optimizer step), every term in
   sequence (the reported prediction overlaps gradient buckets, see
   ``planner/step_time.py``).
+- Readers of one activation that share its gradient all-reduce
+  (``solve/shared_gradients.py``) pay it once: an OR variable per group.
 - Memory: the rows of ``automap.solve.memory``'s model (the forward and the
   backward of every node where memory changes, and the optimizer step) must
   fit the budget; running sums keep the rows short.
@@ -41,6 +43,7 @@ from automap.solve.memory import (
     timeline,
     waiting_gradient_bytes,
 )
+from automap.solve.shared_gradients import STATE_KINDS
 from automap.solve.strategies import ShardCounts, StrategyTable
 
 log = logging.getLogger(__name__)
@@ -624,7 +627,7 @@ class ShardingIlp:
             info = nodes[producer].outputs[o]
             r = resharding_cost_matrix(table.mesh, list(ua), list(ub), info.shape, info.dtype_bytes)
             r = r * ew.get((producer, o, consumer, k), 1.0)
-            if k == 0 and _in_place(nodes[consumer].op):
+            if k in nodes[consumer].written_inputs or (k == 0 and _in_place(nodes[consumer].op)):
                 # The op writes into this input: it must arrive as produced.
                 r = np.where(ua[:, None] == ub[None, :], r, r + _FORBIDDEN_S)
             mem = None
@@ -678,6 +681,8 @@ class ShardingIlp:
             b.entries(rows_b[grid_b], ecols, 1.0)
             b.entries(rows_b[b_idx], cols[consumer], -1.0)
 
+        _shared_gradient_terms(b, table, root, index, cols, nw)
+
         # Tied parameters choose the same spec.
         for name, node in nodes.items():
             if node.tied_to and root[name] in cols and root[node.tied_to] in cols:
@@ -697,6 +702,61 @@ class ShardingIlp:
                       sum(len(c) for c in cols.values()), num_edge_vars,
                       memory.line if memory is not None else timeline(table),
                       np.array(memory.limit_rows if memory is not None else [], dtype=np.int64))
+
+
+def _shared_gradient_terms(b: _Builder, table: StrategyTable, root, index, cols, nw) -> None:
+    """Take back the gradient all-reduces that readers of one activation share
+    (``solve/shared_gradients.py``): each reader's strategy prices its own. Per
+    produced tensor, spec t and mesh axes A read by several readers: per reader a
+    variable f <= [it reads t reducing over A] and f <= [the producer makes t],
+    priced minus one all-reduce, and z >= every f, priced one all-reduce. The
+    minimum sets f to the AND and z to the OR, so a group pays one all-reduce."""
+    nodes = table.nodes
+    shard_count = ShardCounts(table.mesh)
+    readers: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for producer, o, consumer, k in table.edges():
+        if nodes[producer].kind not in STATE_KINDS and nodes[consumer].reductions is not None:
+            readers.setdefault((producer, o), []).append((consumer, k))
+
+    def at_most(f: int, node: str, columns: np.ndarray) -> bool:
+        """f <= the sum of ``node``'s choice over ``columns``; False: never chosen."""
+        r = root[node]
+        if r not in cols:  # one strategy: chosen
+            return bool(len(columns))
+        row = b.rows(-np.inf, 0.0)
+        b.entries(np.repeat(row, len(columns) + 1), np.concatenate(([f], cols[r][columns])),
+                  np.concatenate(([1.0], -np.ones(len(columns)))))
+        return True
+
+    for (producer, o), reads in readers.items():
+        if len(reads) < 2:
+            continue
+        made = np.array([nodes[producer].out_specs[i][o] for i in index[producer]])
+        groups: dict[tuple, dict[tuple[str, int], list[int]]] = {}
+        for consumer, k in reads:
+            c = nodes[consumer]
+            for j, i in enumerate(index[consumer]):
+                grads = c.reductions[i][2]
+                axes = tuple(grads[k]) if k < len(grads) else ()
+                if axes:
+                    key = (c.in_specs[i][k], axes)
+                    groups.setdefault(key, {}).setdefault((consumer, k), []).append(j)
+        for (spec, axes), by_reader in groups.items():
+            made_cols = np.flatnonzero(made == spec)
+            if len(by_reader) < 2 or not len(made_cols):
+                continue
+            # Depth weights: the least of the readers' (never over-credits).
+            weight = min(nw.get(c, 1.0) for c, _ in by_reader)
+            local = nodes[producer].outputs[o].nbytes / shard_count(spec)
+            cost = weight * table.mesh.all_reduce_cost_s(local, axes)
+            z = b.columns([cost], integer=False)[0]
+            for (consumer, _), js in by_reader.items():
+                f = b.columns([-cost], integer=False)[0]
+                if not (at_most(f, consumer, np.array(js)) and at_most(f, producer, made_cols)):
+                    b.upper[-1][0] = 0.0  # that reader never shares: f stays 0
+                    continue
+                row = b.rows(0.0, np.inf)
+                b.entries(np.repeat(row, 2), np.array([z, f]), np.array([1.0, -1.0]))
 
 
 class _MemoryRows:

@@ -905,3 +905,23 @@ _BUILDERS = {
     "nll_loss": _cross_entropy,
     "nll_loss_nd": _cross_entropy,
 }
+
+
+def written_args(node: fx.Node) -> list[fx.Node]:
+    """The tensors ``node`` writes in place: its schema's mutable arguments, and
+    a training batch norm's running statistics (its schema does not say so)."""
+    if node.op != "call_function":
+        return []
+    if node.target is torch.ops.aten.batch_norm.default:
+        training = node.args[5] if len(node.args) > 5 else node.kwargs.get("training")
+        return [a for a in node.args[3:5] if isinstance(a, fx.Node)] if training else []
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return []
+    written = []
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            if isinstance(value, fx.Node):
+                written.append(value)
+    return written

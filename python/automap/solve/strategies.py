@@ -17,7 +17,7 @@ from automap.cluster.device import DeviceProfile, resolve_device_profile
 from automap.errors import AutomapError, UnsupportedOpError
 from automap.sharding.layout import layout_path
 from automap.sharding.spec import ShardingSpec, enumerate_specs
-from automap.solve.signatures import Signature, TensorRef, op_family, signature
+from automap.solve.signatures import Signature, TensorRef, op_family, signature, written_args
 
 #: Optimizer state per parameter byte (fp32 state for fp32 parameters).
 OPTIMIZER_STATE_FACTOR = {"sgd": 0, "sgd_momentum": 1, "momentum": 1, "adam": 2, "adamw": 2}
@@ -90,6 +90,9 @@ class NodeOptions:
     reductions: list | None = None
     # Per strategy of a parameter: the optimizer step on its shard; None: zeros.
     optimizer_s: np.ndarray | None = None
+    # Inputs (by index) the op writes in place: they must arrive as produced, or
+    # the write would go to a converted copy and be lost.
+    written_inputs: frozenset[int] = frozenset()
 
     def __len__(self) -> int:
         return len(self.in_specs)
@@ -206,6 +209,9 @@ def build_strategy_table(
             prof = profile.by_name.get(node.name) if profile is not None else None
             nodes[node.name] = _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count,
                                            device, params)
+            written = {a.name for a in written_args(node)}
+            nodes[node.name].written_inputs = frozenset(
+                k for k, (p, _) in enumerate(sig.inputs) if p in written)
         elif node.op == "output":
             refs = []
             for a in _flatten(node.args[0]):

@@ -1,0 +1,46 @@
+"""The trust bench's cheap subset (issue 14, item 2; benches/trust.py in full): plans
+of the bench's MLP and GPT-2-style LM at budgets from unconstrained down to the
+smallest feasible, with checkpointing off and auto, applied on 4 gloo ranks and
+trained with AdamW; every rank's measured peak is within 5 % of the plan's
+prediction and within the plan's budget."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+
+from automap.launch import run_on_gloo
+from trust import MAX_ERROR, MESH, plans_for
+from trust_workers import measure_plans
+
+pytestmark = pytest.mark.multiprocess
+
+#: (model, budget fractions of its unconstrained peak, checkpointing modes).
+SUBSET = [("mlp", (None, "least"), ("off",)), ("gpt2", (0.7, "least"), ("auto",))]
+
+
+@pytest.mark.timeout(600)
+def test_predicted_peaks_hold_on_every_rank():
+    with tempfile.TemporaryDirectory() as folder:
+        planned = []
+        for name, fractions, modes in SUBSET:
+            planned += plans_for(name, folder, fractions, modes)
+        rows = [r for r in planned if "path" in r]
+        assert len(rows) == 4, planned  # every budget of the subset is feasible
+        measured = run_on_gloo(measure_plans, MESH[0], [(r["model"], r["path"]) for r in rows],
+                               timeout_s=500)
+    failures = []
+    for r in rows:
+        peaks = [m[r["path"]]["peak_bytes"] for m in measured]
+        label = f"{r['model']} budget {r['budget']} {r['mode']}"
+        for rank, peak in enumerate(peaks):
+            error = r["predicted"] / peak - 1
+            if abs(error) > MAX_ERROR:
+                failures.append(f"{label}: rank {rank} measured {peak} B, predicted "
+                                f"{r['predicted']:.0f} B ({error:+.1%})")
+            if r["budget"] is not None and peak > r["budget"]:
+                failures.append(f"{label}: rank {rank} measured {peak} B over the budget")
+    assert not failures, "\n".join(failures)
+    # The budgets bind: the GPT-2 plans checkpoint, the least MLP one is leaner.
+    assert all(r["blocks"] > 0 for r in rows if r["model"] == "gpt2")
