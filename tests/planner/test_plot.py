@@ -131,3 +131,16 @@ def test_explain_plot_writes_both_pictures(tight_plan, tmp_path, capsys):
     assert "memory.png" in capsys.readouterr().out
     for name in ("plan.png", "memory.png"):
         assert (out / name).read_bytes().startswith(PNG)
+
+
+def test_a_long_timeline_keeps_the_peak(tight_plan, monkeypatch):
+    """Merged down to a few samples, the largest is still the step's peak."""
+    from automap.generate import simulate
+    from automap.trace.tracing import trace
+
+    monkeypatch.setattr(simulate, "MAX_TIMELINE_SAMPLES", 7)
+    model, inputs, loss = gpt2("meta")
+    step = simulate.simulate_step(trace(model, inputs, loss_fn=loss), tight_plan)
+    assert len(step.timeline) <= 7
+    assert max(sum(s["bytes"]) for s in step.timeline) == step.peak_bytes
+    assert step.peak_bytes == tight_plan.predicted_peak_memory_bytes

@@ -42,7 +42,10 @@ class MeasuredMemory:
     prediction: ``at`` the fraction of the step (0 to 1, increasing) at which
     ``bytes`` (live tensor bytes on the rank) were read. The prediction's x axis
     is the fraction of the step's allocations and frees before a point, so a
-    curve from the allocator's own events (``from_profiler``) lines up with it."""
+    curve from the allocator's own events (``from_profiler``) lines up with it
+    roughly (the allocator sees some allocations the simulation does not, e.g.
+    inside kernels, so its events run somewhat ahead); the heights compare
+    exactly."""
 
     at: tuple[float, ...]
     bytes: tuple[float, ...]
@@ -176,7 +179,7 @@ def plot_plan(plan, path: str, title: str | None = None) -> str:
     colour = {k: ("#c8c8c8" if k == _REPLICATED else palette[(i - 1) % len(palette)])
               for i, k in enumerate(order)}
 
-    fig = Figure(figsize=(max(12.0, min(30.0, len(nodes) * 0.09)), 6.4), layout="constrained")
+    fig = Figure(figsize=(max(12.0, min(18.0, len(nodes) * 0.09)), 6.4), layout="constrained")
     strip, times = fig.subplots(2, 1, sharex=True, height_ratios=[1.15, 2.0])
     x = range(len(nodes))
 
@@ -187,12 +190,13 @@ def plot_plan(plan, path: str, title: str | None = None) -> str:
         stages = plan.checkpoint.stages
 
         def shade(blocks, depth):
-            for b in blocks:
+            for i, b in enumerate(blocks):
                 members = [position[m] for s in stages[b["start_stage"]:b["end_stage"] + 1]
                            for m in s if m in position]
-                if members:
+                if members:  # neighbours alternate in shade, so each block shows
                     strip.add_patch(_rectangle(min(members) - 0.4, 1.05 + 0.22 * depth,
-                                               max(members) - min(members) + 0.8, 0.18))
+                                               max(members) - min(members) + 0.8, 0.18,
+                                               alpha=0.55 if i % 2 else 0.3))
                 shade(b["children"], depth + 1)
         shade(plan.checkpoint.blocks, 0)
     conversions = [e for e in plan.edges if e.steps and e.consumer in position]
@@ -206,7 +210,9 @@ def plot_plan(plan, path: str, title: str | None = None) -> str:
     for side in ("top", "right", "left"):
         strip.spines[side].set_visible(False)
     handles = [Patch(color=colour[k], label=k) for k in order]
-    handles.append(_rectangle(0, 0, 1, 1, label="checkpointed (recomputed in the backward)"))
+    if plan.checkpoint is not None and plan.checkpoint.blocks:
+        handles.append(_rectangle(0, 0, 1, 1,
+                                  label="checkpoint block (recomputed in the backward)"))
     handles.append(strip.scatter([], [], marker="^", s=40, color="#d62728",
                                  label=f"layout conversion into the node ({len(conversions)})"))
     strip.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.05), fontsize=8,
@@ -242,7 +248,11 @@ def plot_plan(plan, path: str, title: str | None = None) -> str:
     times.set_xlabel(f"the {len(nodes)} computed nodes in graph order, by module "
                      f"(parameters and inputs left out)")
     budget = ("no budget" if plan.memory_budget_bytes is None
-              else f"budget {_format(plan.memory_budget_bytes)}")
+              else f"budget {_format(plan.memory_budget_bytes)}"
+              + (", binding" if plan.memory_binding else ""))
+    blocks = plan.checkpoint.block_count() if plan.checkpoint is not None else 0
+    if blocks:
+        budget += f"; {blocks} checkpoint block{'' if blocks == 1 else 's'}"
     fig.suptitle(title or (
         f"automap plan on mesh {tuple(plan.mesh.shape)}: step {plan.predicted_step_s * ms:.3f} "
         f"ms predicted, peak {_format(plan.predicted_peak_memory_bytes)} per rank ({budget})"),
@@ -251,10 +261,10 @@ def plot_plan(plan, path: str, title: str | None = None) -> str:
     return path
 
 
-def _rectangle(x0, y0, width, height, label=None):
+def _rectangle(x0, y0, width, height, label=None, alpha=0.35):
     from matplotlib.patches import Rectangle
 
-    return Rectangle((x0, y0), width, height, facecolor="#6a3d9a", alpha=0.35,
+    return Rectangle((x0, y0), width, height, facecolor="#6a3d9a", alpha=alpha,
                      edgecolor="#6a3d9a", linewidth=0.8, label=label)
 
 
