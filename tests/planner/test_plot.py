@@ -78,6 +78,13 @@ def test_pictures_are_written(tight_plan, tmp_path):
         assert data.startswith(PNG) and len(data) > 20_000
 
 
+def test_unknown_picture_formats_are_refused(tight_plan, tmp_path):
+    with pytest.raises(InvalidArgumentError, match="'doc'.*png"):
+        tight_plan.plot(str(tmp_path / "plan.doc"))
+    with pytest.raises(InvalidArgumentError, match="no suffix"):
+        tight_plan.plot_memory(str(tmp_path / "memory"))
+
+
 def test_sharding_kinds_name_each_axis(tight_plan):
     kinds = {sharding_kind(n, 2) for n in tight_plan.nodes.values()}
     assert "replicated" in kinds

@@ -116,6 +116,18 @@ def _figure_class():
     return Figure
 
 
+def _check_path(Figure, path: str) -> None:
+    """A file name whose suffix matplotlib writes (png, svg, pdf ...)."""
+    import os
+
+    suffix = os.path.splitext(str(path))[1].lstrip(".").lower()
+    formats = Figure().canvas.get_supported_filetypes()
+    if suffix not in formats:
+        raise InvalidArgumentError(
+            f"path {path!r} ends in {suffix or 'no suffix'!r}; pictures are written as one of "
+            f"{', '.join(sorted(formats))} (by the file's suffix)")
+
+
 def _unit(n: float) -> tuple[float, str]:
     for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
@@ -166,6 +178,7 @@ def _groups(nodes, max_groups: int = 24) -> list[tuple[str, int, int]]:
 def plot_plan(plan, path: str, title: str | None = None) -> str:
     """Draw ``plan``'s graph to ``path`` (PNG, SVG or PDF by suffix); returns ``path``."""
     Figure = _figure_class()
+    _check_path(Figure, path)
     from matplotlib.patches import Patch
 
     nodes = [n for n in plan.nodes.values() if n.kind not in _NOT_COMPUTED]
@@ -286,6 +299,7 @@ def plot_memory(plan, path: str, measured: MeasuredMemory | Sequence | None = No
     if measured is not None and not isinstance(measured, MeasuredMemory):
         measured = MeasuredMemory.from_pairs(measured)
     Figure = _figure_class()
+    _check_path(Figure, path)
 
     categories = timeline["categories"]
     samples = timeline["samples"]
