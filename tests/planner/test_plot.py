@@ -151,3 +151,13 @@ def test_a_long_timeline_keeps_the_peak(tight_plan, monkeypatch):
     assert len(step.timeline) <= 7
     assert max(sum(s["bytes"]) for s in step.timeline) == step.peak_bytes
     assert step.peak_bytes == tight_plan.predicted_peak_memory_bytes
+
+
+def test_explain_plot_without_matplotlib_is_one_line(tight_plan, tmp_path, capsys, monkeypatch):
+    from automap.cli import main
+
+    path = tmp_path / "plan.json"
+    tight_plan.to_json(str(path))
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    assert main(["explain", str(path), "--plot", str(tmp_path / "pictures")]) == 1
+    assert "pip install automap[plot]" in capsys.readouterr().err
