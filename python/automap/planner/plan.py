@@ -87,6 +87,11 @@ class Plan:
     memory_breakdown_at: str = ""
     #: The predicted step's parts in seconds (``automap.planner.step_time.StepTime``).
     step_time: dict = field(default_factory=dict)
+    #: Live bytes by category over the simulated step (None: not simulated):
+    #: ``{"categories": [...], "samples": [{"at", "phase", "node", "bytes"}]}``,
+    #: ``at`` the fraction of the step's allocations and frees before the sample,
+    #: ``bytes`` one count per category; the largest sample sums to the peak.
+    memory_timeline: dict | None = None
 
     # Serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -112,6 +117,8 @@ class Plan:
             "nodes": [asdict(n) for n in self.nodes.values()],
             "edges": [asdict(e) for e in self.edges],
         }
+        if self.memory_timeline is not None:  # absent otherwise, as in older plans
+            data["memory_timeline"] = self.memory_timeline
         # Through JSON once, so the hash sees what a reader will (lists, not tuples).
         data = json.loads(json.dumps(data))
         data["content_fingerprint"] = content_fingerprint(data)
@@ -155,6 +162,7 @@ class Plan:
             checkpoint=CheckpointPlan.from_dict(data["checkpoint"]),
             inputs=data["inputs"],
             step_time=data["step_time"],
+            memory_timeline=data.get("memory_timeline"),
         )
         check_consistency(plan)
         return plan
@@ -287,6 +295,22 @@ class Plan:
         if self.unsupported_ops:
             lines.append(f"ran replicated (no generator): {self.unsupported_ops}")
         return "\n".join(lines)
+
+    # Pictures (matplotlib: pip install automap[plot]) -------------------------------
+    def plot(self, path: str) -> str:
+        """Draw the graph's nodes coloured by their sharding, the layout conversions
+        and checkpoint blocks, and each node's time, to ``path`` (PNG by suffix)."""
+        from automap.planner.plot import plot_plan
+
+        return plot_plan(self, path)
+
+    def plot_memory(self, path: str, measured=None) -> str:
+        """Draw the predicted memory per rank over the step by category, the budget
+        and, given ``measured`` (an ``automap.planner.plot.MeasuredMemory`` or
+        (fraction of the step, bytes) pairs), the measured curve, to ``path``."""
+        from automap.planner.plot import plot_memory
+
+        return plot_memory(self, path, measured)
 
     def __str__(self) -> str:
         return self.summary()

@@ -16,7 +16,7 @@ from automap.checkpoint.chain import chain_of_plan, choice_of_plan, coarsen, sol
 from automap.checkpoint.record import CheckpointPlan
 from automap.cluster.device import DeviceProfile, resolve_device_profile
 from automap.errors import InfeasibleBudgetError, InvalidMeshError
-from automap.generate.simulate import simulate_step
+from automap.generate.simulate import CATEGORIES, simulate_step
 from automap.planner.checks import (
     check_budget,
     check_choice,
@@ -268,6 +268,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         found.predicted_peak_memory_bytes = float(step.peak_bytes)
         found.memory_breakdown = dict(step.breakdown)
         found.memory_breakdown_at = step.phase
+        found.memory_timeline = {"categories": list(CATEGORIES), "samples": step.timeline}
         return found
 
     if memory_budget_bytes is None:
