@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from automap.cluster.cluster import Cluster, Device
     from automap.cluster.detect import detect_cluster
     from automap.cluster.device import DeviceProfile
+    from automap.generate.grad_scaler import GradScaler
     from automap.generate.module import ParallelModule
     from automap.planner.plan import Plan
     from automap.planner.search import plan
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     )
     from automap.sharding.mesh import DeviceMesh
     from automap.sharding.spec import ShardingSpec, enumerate_specs
+    from automap.trace.mixed_precision import MixedPrecision
     from automap.trace.profiling import Profile, profile
     from automap.trace.tracing import TracedGraph, trace
 
@@ -61,6 +63,7 @@ _LAZY = {
     "Device": "automap.cluster.cluster",
     "detect_cluster": "automap.cluster.detect",
     "DeviceProfile": "automap.cluster.device",
+    "GradScaler": "automap.generate.grad_scaler",
     "ParallelModule": "automap.generate.module",
     "Plan": "automap.planner.plan",
     "plan": "automap.planner.search",
@@ -73,6 +76,7 @@ _LAZY = {
     "DeviceMesh": "automap.sharding.mesh",
     "ShardingSpec": "automap.sharding.spec",
     "enumerate_specs": "automap.sharding.spec",
+    "MixedPrecision": "automap.trace.mixed_precision",
     "Profile": "automap.trace.profiling",
     "profile": "automap.trace.profiling",
     "TracedGraph": "automap.trace.tracing",
@@ -114,6 +118,7 @@ __all__ = [
     "DeviceProfile",
     "DeviceMesh",
     "DistributedError",
+    "GradScaler",
     "InfeasibleBudgetError",
     "InfeasiblePlanError",
     "InputMismatchError",
@@ -126,6 +131,7 @@ __all__ = [
     "LayoutPath",
     "LayoutStep",
     "LimitExceededError",
+    "MixedPrecision",
     "ParallelModule",
     "Plan",
     "Profile",

@@ -22,6 +22,7 @@ from automap.planner.validate import (
     content_fingerprint,
 )
 from automap.sharding.mesh import DeviceMesh
+from automap.trace.mixed_precision import MixedPrecision, describe
 
 
 @dataclass
@@ -87,6 +88,8 @@ class Plan:
     memory_breakdown_at: str = ""
     #: The predicted step's parts in seconds (``automap.planner.step_time.StepTime``).
     step_time: dict = field(default_factory=dict)
+    #: The ``MixedPrecision`` the plan's graph computes in (None: the model's dtypes).
+    mixed_precision: MixedPrecision | None = None
 
     # Serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -112,6 +115,8 @@ class Plan:
             "nodes": [asdict(n) for n in self.nodes.values()],
             "edges": [asdict(e) for e in self.edges],
         }
+        if self.mixed_precision is not None:  # absent otherwise: older plans read alike
+            data["mixed_precision"] = self.mixed_precision.to_dict()
         # Through JSON once, so the hash sees what a reader will (lists, not tuples).
         data = json.loads(json.dumps(data))
         data["content_fingerprint"] = content_fingerprint(data)
@@ -155,6 +160,8 @@ class Plan:
             checkpoint=CheckpointPlan.from_dict(data["checkpoint"]),
             inputs=data["inputs"],
             step_time=data["step_time"],
+            mixed_precision=(MixedPrecision.from_dict(data["mixed_precision"])
+                             if data.get("mixed_precision") is not None else None),
         )
         check_consistency(plan)
         return plan
@@ -175,6 +182,12 @@ class Plan:
         """Raise StalePlanError unless this plan was made for ``traced`` (and
         ``mesh``), and InvalidPlanError unless every node's choice is a strategy
         the generator offers for it."""
+        traced_setting = getattr(traced, "mixed_precision", None)
+        if traced_setting != self.mixed_precision:
+            raise StalePlanError(
+                f"this plan was made for {describe(self.mixed_precision)}, but the model is "
+                f"run in {describe(traced_setting)}; pass the plan's setting "
+                f"(mixed_precision=plan.mixed_precision) or re-plan")
         fingerprint = graph_fingerprint(traced)
         if fingerprint != self.graph_fingerprint:
             raise StalePlanError(

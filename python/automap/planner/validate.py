@@ -51,6 +51,8 @@ TOP_FIELDS = {"schema_version": "index", "versions": dict, "graph_fingerprint": 
               "memory_breakdown": "breakdown", "memory_breakdown_at": str,
               "unsupported_ops": dict, "checkpoint": "checkpoint?", "inputs": "inputs?",
               "step_time": "breakdown", "nodes": list, "edges": list}
+#: Top-level fields a record may lack (written only when set; older plans lack them).
+OPTIONAL_TOP_FIELDS = {"mixed_precision": "mixed_precision?"}
 INPUT_FORMS = ("tensor", "sequence", "dict")
 
 
@@ -157,19 +159,23 @@ def _check_value(where: str, value, kind) -> None:
         _check_record(where, value, CHECKPOINT_FIELDS)
     elif kind == "inputs":
         _check_inputs(where, value)
+    elif kind == "mixed_precision":
+        _check_mixed_precision(where, value)
     else:  # pragma: no cover - the tables above name only the kinds handled here
         raise AssertionError(kind)
 
 
-def _check_record(where: str, record, spec: dict) -> None:
+def _check_record(where: str, record, spec: dict, optional: dict | None = None) -> None:
     if not isinstance(record, dict):
         _fail(where, record, "it must be a JSON object")
+    optional = optional or {}
     missing = sorted(set(spec) - set(record))
-    extra = sorted(set(record) - set(spec))
+    extra = sorted(set(record) - set(spec) - set(optional))
     if missing or extra:
         _fail(where, sorted(record), f"missing fields {missing}, unknown fields {extra}")
-    for key, kind in spec.items():
-        _check_value(f"{where}.{key}", record[key], kind)
+    for key, kind in {**spec, **optional}.items():
+        if key in record:
+            _check_value(f"{where}.{key}", record[key], kind)
 
 
 def _check_inputs(where: str, value) -> None:
@@ -197,6 +203,17 @@ def _check_inputs(where: str, value) -> None:
             _fail(at, record, "it must hold a shape and dtype, a value or 'unrecordable'")
 
 
+def _check_mixed_precision(where: str, value) -> None:
+    from automap.trace.mixed_precision import MixedPrecision
+
+    if not isinstance(value, dict) or set(value) != {"param_dtype", "reduce_dtype"}:
+        _fail(where, value, "it must be an object with param_dtype and reduce_dtype")
+    try:
+        MixedPrecision.from_dict(value)
+    except AutomapError as exc:
+        _fail(where, value, str(exc))
+
+
 def check_schema(data) -> None:
     """Layer 1: the types and ranges of every field."""
     if not isinstance(data, dict):
@@ -206,7 +223,7 @@ def check_schema(data) -> None:
         raise StalePlanError(
             f"plan schema version {version!r} is not {SCHEMA_VERSION}, the one this automap "
             f"reads (an integer); re-plan with automap.plan(...)")
-    _check_record("(top level)", data, TOP_FIELDS)
+    _check_record("(top level)", data, TOP_FIELDS, OPTIONAL_TOP_FIELDS)
     if data["content_fingerprint"] != content_fingerprint(data):
         raise InvalidPlanError(
             "the plan's content does not match its content_fingerprint: it was changed after "

@@ -1,0 +1,88 @@
+"""Gloo workers of the mixed-precision tests: a plan that splits the MLP's
+matmuls (Megatron: fc1 by columns, fc2 by rows) against the serial model under
+the same ``torch.autocast``, bf16 and fp16 with loss scaling."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+import automap
+from automap.api import apply
+from forced_plans import forced_plan
+from serial import build
+
+STEPS = 4
+MEGATRON = {r"fc1\.weight": "S0R", r"fc1\.bias": "S0", r"fc2\.weight": "RS0"}
+
+
+def _optimizer(params):
+    return torch.optim.AdamW(params, lr=1e-3, eps=1e-6)
+
+
+def parity(rank: int, world: int, setting: str) -> dict:
+    """Losses of STEPS steps and the first step's gradients, parallel and serial
+    (the serial model under ``torch.autocast("cpu", dtype)``, fp32 weights)."""
+    model, inputs, loss_fn = build("mlp")
+    mesh = automap.DeviceMesh((world,))
+    _, plan = forced_plan(model, inputs, loss_fn, mesh, params=MEGATRON,
+                          mixed_precision=setting)
+    dtype = plan.mixed_precision.param_dtype
+    serial, full = copy.deepcopy(model), copy.deepcopy(model)
+    module = apply(plan, model, inputs, loss_fn=loss_fn)
+    scaled = dtype == torch.float16
+    parallel_scaler = automap.GradScaler("cpu", init_scale=2.0 ** 8, enabled=scaled)
+    serial_scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, enabled=scaled)
+    opt_p, opt_s = _optimizer(module.parameters()), _optimizer(serial.parameters())
+    out = {"losses": [], "serial_losses": [], "param_dtypes": sorted(
+        {str(p.dtype) for p in module.parameters()})}
+    for step in range(STEPS):
+        loss = module(*inputs)
+        parallel_scaler.scale(loss).backward()
+        with torch.autocast("cpu", dtype):
+            reference = loss_fn(serial(*inputs))
+        serial_scaler.scale(reference).backward()
+        if step == 0:
+            # Normwise relative errors of the first gradients: the parallel ones
+            # against the serial autocast ones, and those against float32's (the
+            # low dtype's own error, which a parallel order of sums may match).
+            loss_fn(full(*inputs)).backward()
+            grads = module.full_state_dict(gradients=True)
+            fulls = dict(full.named_parameters())
+            scale = float(serial_scaler.get_scale()) if scaled else 1.0
+            out["grad_rel_err"] = max(_rel(grads[n], p.grad) for n, p in serial.named_parameters())
+            out["autocast_rel_err"] = max(_rel(p.grad / scale, fulls[n].grad)
+                                          for n, p in serial.named_parameters())
+        for scaler, opt in ((parallel_scaler, opt_p), (serial_scaler, opt_s)):
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        out["losses"].append(loss.item())
+        out["serial_losses"].append(reference.item())
+
+    return out
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).norm() / want.norm().clamp_min(1e-12))
+
+
+def inf_on_one_rank(rank: int, world: int, scaler_kind: str) -> dict:
+    """An inf in rank 0's shard of one gradient: whether each rank stepped."""
+    model, inputs, loss_fn = build("mlp")
+    mesh = automap.DeviceMesh((world,))
+    _, plan = forced_plan(model, inputs, loss_fn, mesh, params=MEGATRON,
+                          mixed_precision="fp16")
+    module = apply(plan, model, inputs, loss_fn=loss_fn)
+    scaler = (automap.GradScaler if scaler_kind == "automap" else torch.amp.GradScaler)(
+        "cpu", init_scale=2.0 ** 8)
+    opt = _optimizer(module.parameters())
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    scaler.scale(module(*inputs)).backward()
+    if rank == 0:
+        module.get_parameter("fc1.weight").grad[0, 0] = float("inf")
+    scaler.step(opt)
+    scaler.update()
+    changed = any(not torch.equal(before[n], p) for n, p in module.named_parameters())
+    return {"stepped": changed, "scale": float(scaler.get_scale())}
