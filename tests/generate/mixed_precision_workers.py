@@ -60,8 +60,29 @@ def parity(rank: int, world: int, setting: str) -> dict:
             opt.zero_grad()
         out["losses"].append(loss.item())
         out["serial_losses"].append(reference.item())
+    out["measured_peak_bytes"] = _measured_step_peak(module, inputs, opt_p, parallel_scaler)
+    out["predicted_peak_bytes"] = plan.predicted_peak_memory_bytes
 
     return out
+
+
+def _measured_step_peak(module, inputs, opt, scaler) -> int:
+    """Bytes live at the peak of one steady-state training step: what is held
+    before it (parameter shards, optimizer state, inputs) plus the CPU
+    allocator's peak during it (PyTorch profiler memory events)."""
+    from model_zoo import allocation_peak_bytes
+
+    held = [*module.parameters(), *module.buffers(), *inputs]
+    held += [t for state in opt.state.values() for t in state.values()
+             if isinstance(t, torch.Tensor)]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as prof:
+        scaler.scale(module(*inputs)).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    return sum(storages.values()) + allocation_peak_bytes(prof)
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
