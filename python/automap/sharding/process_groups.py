@@ -12,7 +12,6 @@ import torch.distributed as dist
 
 from automap.errors import InvalidMeshError
 
-
 #: AxisGroups by ``compile_key`` (weakly: a group lives as long as its owner).
 _BY_COMPILE_KEY: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _KEY_COUNTER = itertools.count()
