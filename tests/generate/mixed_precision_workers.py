@@ -21,12 +21,23 @@ def _optimizer(params):
     return torch.optim.AdamW(params, lr=1e-3, eps=1e-6)
 
 
-def parity(rank: int, world: int, setting: str) -> dict:
+#: Settings by test name: (mixed_precision, parameter specs, input specs).
+SETTINGS = {
+    "bf16": ("bf16", MEGATRON, None),
+    "fp16": ("fp16", MEGATRON, None),
+    # Data parallel, gradients all-reduced in bf16 buckets.
+    "bf16_dp_reduce_bf16": (automap.MixedPrecision(torch.bfloat16, torch.bfloat16), {},
+                            {"args_0": "S0R"}),
+}
+
+
+def parity(rank: int, world: int, name: str) -> dict:
     """Losses of STEPS steps and the first step's gradients, parallel and serial
     (the serial model under ``torch.autocast("cpu", dtype)``, fp32 weights)."""
     model, inputs, loss_fn = build("mlp")
     mesh = automap.DeviceMesh((world,))
-    _, plan = forced_plan(model, inputs, loss_fn, mesh, params=MEGATRON,
+    setting, params, input_specs = SETTINGS[name]
+    _, plan = forced_plan(model, inputs, loss_fn, mesh, params=params, inputs=input_specs,
                           mixed_precision=setting)
     dtype = plan.mixed_precision.param_dtype
     serial, full = copy.deepcopy(model), copy.deepcopy(model)
@@ -36,7 +47,16 @@ def parity(rank: int, world: int, setting: str) -> dict:
     serial_scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, enabled=scaled)
     opt_p, opt_s = _optimizer(module.parameters()), _optimizer(serial.parameters())
     out = {"losses": [], "serial_losses": [], "param_dtypes": sorted(
-        {str(p.dtype) for p in module.parameters()})}
+        {str(p.dtype) for p in module.parameters()}), "bucket_dtypes": set()}
+    sync = module.gradient_sync
+    launch = sync._launch
+
+    def recording_launch(bucket):  # the dtype each bucket is all-reduced in
+        launch(bucket)
+        if bucket.flat is not None:
+            out["bucket_dtypes"].add(str(bucket.flat.dtype))
+
+    sync._launch = recording_launch
     for step in range(STEPS):
         loss = module(*inputs)
         parallel_scaler.scale(loss).backward()
