@@ -470,13 +470,16 @@ def _group(key: str) -> AxisGroup:
 
 
 def _fresh(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``y`` contiguous (the fake implementations' strides) and not sharing ``x``'s storage."""
+    y = y.contiguous()
     same = y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
     return y.clone() if same and x.numel() > 0 else y
 
 
-def _resized(x: torch.Tensor, dim: int, factor: float) -> torch.Tensor:
+def _resized(x: torch.Tensor, dim: int, times: int = 1, parts: int = 1) -> torch.Tensor:
+    """An empty ``x`` whose ``dim`` is ``times`` longer, then cut in ``parts``."""
     shape = list(x.shape)
-    shape[dim] = int(shape[dim] * factor)
+    shape[dim] = shape[dim] * times // parts
     return x.new_empty(shape)
 
 
@@ -513,18 +516,18 @@ def _op_reduce_scatter_dim(x: torch.Tensor, dim: int, group: str) -> torch.Tenso
 
 @_op_all_gather_dim.register_fake
 def _(x, dim, group):
-    return _resized(x, dim, _group(group).size)
+    return _resized(x, dim, times=_group(group).size)
 
 
 @_op_split_dim.register_fake
 def _(x, dim, group):
-    return _resized(x, dim, 1 / _group(group).size)
+    return _resized(x, dim, parts=_group(group).size)
 
 
 @_op_all_to_all_dims.register_fake
 def _(x, src_dim, dst_dim, group):
     size = _group(group).size
-    return _resized(_resized(x, src_dim, size), dst_dim, 1 / size)
+    return _resized(_resized(x, src_dim, times=size), dst_dim, parts=size)
 
 
 @_op_all_reduce_sum.register_fake
@@ -539,7 +542,7 @@ def _(x, group):
 
 @_op_reduce_scatter_dim.register_fake
 def _(x, dim, group):
-    return _resized(x, dim, 1 / _group(group).size)
+    return _resized(x, dim, parts=_group(group).size)
 
 
 def _keep_args(ctx, inputs, output) -> None:
