@@ -16,10 +16,12 @@ import torch.distributed as dist
 
 class GradScaler(torch.amp.GradScaler):
     """``torch.amp.GradScaler`` whose inf/NaN check agrees across the ranks of
-    ``group`` (default: the world). Used exactly like torch's:
+    ``group`` (default: the world; outside a process group it is torch's). Takes
+    torch's arguments (``device`` first, default ``"cuda"``; ``"cpu"`` on gloo) and
+    is used exactly like it:
     ``scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()``."""
 
-    def __init__(self, device: str = "cpu", *args, group=None, **kwargs) -> None:
+    def __init__(self, device: str = "cuda", *args, group=None, **kwargs) -> None:
         super().__init__(device, *args, **kwargs)
         self.group = group
 
