@@ -22,6 +22,7 @@ from automap.planner.validate import (
     content_fingerprint,
 )
 from automap.sharding.mesh import DeviceMesh
+from automap.trace.mixed_precision import MixedPrecision, describe
 
 
 @dataclass
@@ -92,6 +93,8 @@ class Plan:
     #: ``at`` the fraction of the step's allocations and frees before the sample,
     #: ``bytes`` one count per category; the largest sample sums to the peak.
     memory_timeline: dict | None = None
+    #: The ``MixedPrecision`` the plan's graph computes in (None: the model's dtypes).
+    mixed_precision: MixedPrecision | None = None
 
     # Serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -119,6 +122,8 @@ class Plan:
         }
         if self.memory_timeline is not None:  # absent otherwise, as in older plans
             data["memory_timeline"] = self.memory_timeline
+        if self.mixed_precision is not None:  # absent otherwise: older plans read alike
+            data["mixed_precision"] = self.mixed_precision.to_dict()
         # Through JSON once, so the hash sees what a reader will (lists, not tuples).
         data = json.loads(json.dumps(data))
         data["content_fingerprint"] = content_fingerprint(data)
@@ -163,6 +168,8 @@ class Plan:
             inputs=data["inputs"],
             step_time=data["step_time"],
             memory_timeline=data.get("memory_timeline"),
+            mixed_precision=(MixedPrecision.from_dict(data["mixed_precision"])
+                             if data.get("mixed_precision") is not None else None),
         )
         check_consistency(plan)
         return plan
@@ -183,6 +190,12 @@ class Plan:
         """Raise StalePlanError unless this plan was made for ``traced`` (and
         ``mesh``), and InvalidPlanError unless every node's choice is a strategy
         the generator offers for it."""
+        traced_setting = getattr(traced, "mixed_precision", None)
+        if traced_setting != self.mixed_precision:
+            raise StalePlanError(
+                f"this plan was made for {describe(self.mixed_precision)}, but the model is "
+                f"run in {describe(traced_setting)}; pass the plan's setting "
+                f"(mixed_precision=plan.mixed_precision) or re-plan")
         fingerprint = graph_fingerprint(traced)
         if fingerprint != self.graph_fingerprint:
             raise StalePlanError(

@@ -108,6 +108,7 @@ def plan(
     checkpointing: str = "auto",
     verify: bool = True,
     exact_columns: float = EXACT_COLUMNS,
+    mixed_precision=None,
     verbose: bool = False,
 ) -> Plan:
     """Search the intra-op sharding plan of ``model`` on ``mesh`` (a
@@ -126,6 +127,12 @@ def plan(
     ``exact_columns``: budgeted ILPs of up to this many columns are solved
     exactly, larger ones by LP dives (``math.inf``: always exactly; see
     ``automap.solve.ilp.ShardingIlp``).
+
+    ``mixed_precision`` (None, ``"bf16"``, ``"fp16"`` or ``automap.MixedPrecision``):
+    plan the step as it runs under ``torch.autocast`` in that dtype with float32
+    master parameters (the graph carries the casts, so activations are priced at
+    the low dtype's bytes and matmuls at its FLOP/s, measured in that dtype unless
+    ``flops_per_s`` is given); the plan records it (``plan.mixed_precision``).
 
     ``verify``: run one training step of the generated program on fake tensors
     (``automap.generate.simulate``) and report its peak memory; within a budget,
@@ -148,7 +155,8 @@ def plan(
     t0 = time.perf_counter()
     # Plans cover the whole training step, so the graph ends in the loss.
     with reduced_depth(model) if reduce_depth else contextlib.nullcontext([]) as stacks:
-        traced = trace(model, example_inputs, loss_fn=loss_fn or default_loss)
+        traced = trace(model, example_inputs, loss_fn=loss_fn or default_loss,
+                       mixed_precision=mixed_precision)
         profile = profile_traced(traced, optimizer)
     device = resolve_device_profile(
         flops_per_s=flops_per_s, memory_bandwidth_bytes_per_s=memory_bandwidth_bytes_per_s,
@@ -168,7 +176,11 @@ def plan(
 
 
 def parameter_dtype(traced) -> torch.dtype:
-    """The dtype most parameter bytes have (the matmul rate is measured in it)."""
+    """The dtype the matmuls compute in (their rate is measured in it): the
+    mixed-precision compute dtype, else the dtype most parameter bytes have."""
+    setting = getattr(traced, "mixed_precision", None)
+    if setting is not None:
+        return setting.param_dtype
     bytes_by_dtype: dict[torch.dtype, int] = {}
     for state in traced.parameters.values():
         if state.dtype.is_floating_point:
@@ -559,6 +571,7 @@ def _package(traced, profile, table, sol, mesh, memory_budget_bytes, node_weight
         memory_budget_bytes=memory_budget_bytes,
         memory_binding=sol.memory_binding or recompute > 0,
         graph_fingerprint=graph_fingerprint(traced),
+        mixed_precision=getattr(traced, "mixed_precision", None),
         cost_constants={**device.to_dict(), "optimizer": optimizer},
         solver={"status": sol.status, "gap": sol.gap, "objective_s": sol.objective_s,
                 "build_s": sol.build_s, "solve_s": sol.solve_s, "trace_s": trace_s,

@@ -51,9 +51,11 @@ TOP_FIELDS = {"schema_version": "index", "versions": dict, "graph_fingerprint": 
               "memory_breakdown": "breakdown", "memory_breakdown_at": str,
               "unsupported_ops": dict, "checkpoint": "checkpoint?", "inputs": "inputs?",
               "step_time": "breakdown", "nodes": list, "edges": list}
-#: Top-level fields a record may lack (plans written before they existed load,
-#: with the same content fingerprint): the simulated step's memory over time.
-OPTIONAL_TOP_FIELDS = {"memory_timeline": "memory_timeline?"}
+#: Top-level fields a record may lack (written only when set; plans written
+#: before they existed load, with the same content fingerprint): the simulated
+#: step's memory over time, the mixed-precision setting.
+OPTIONAL_TOP_FIELDS = {"memory_timeline": "memory_timeline?",
+                       "mixed_precision": "mixed_precision?"}
 INPUT_FORMS = ("tensor", "sequence", "dict")
 
 
@@ -162,6 +164,8 @@ def _check_value(where: str, value, kind) -> None:
         _check_memory_timeline(where, value)
     elif kind == "inputs":
         _check_inputs(where, value)
+    elif kind == "mixed_precision":
+        _check_mixed_precision(where, value)
     else:  # pragma: no cover - the tables above name only the kinds handled here
         raise AssertionError(kind)
 
@@ -221,6 +225,17 @@ def _check_inputs(where: str, value) -> None:
                 _fail(f"{at}.fill", record["fill"], "it must be a number")
         elif not ("value" in record or "unrecordable" in record):
             _fail(at, record, "it must hold a shape and dtype, a value or 'unrecordable'")
+
+
+def _check_mixed_precision(where: str, value) -> None:
+    from automap.trace.mixed_precision import MixedPrecision
+
+    if not isinstance(value, dict) or set(value) != {"param_dtype", "reduce_dtype"}:
+        _fail(where, value, "it must be an object with param_dtype and reduce_dtype")
+    try:
+        MixedPrecision.from_dict(value)
+    except AutomapError as exc:
+        _fail(where, value, str(exc))
 
 
 def check_schema(data) -> None:
