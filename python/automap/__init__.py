@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from automap.cluster.detect import detect_cluster
     from automap.cluster.device import DeviceProfile
     from automap.generate.dtensor_state import get_state_dict, set_state_dict
+    from automap.generate.grad_scaler import GradScaler
     from automap.generate.module import ParallelModule
     from automap.planner.plan import Plan
     from automap.planner.search import plan
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     )
     from automap.sharding.mesh import DeviceMesh
     from automap.sharding.spec import ShardingSpec, enumerate_specs
+    from automap.trace.mixed_precision import MixedPrecision
     from automap.trace.profiling import Profile, profile
     from automap.trace.tracing import TracedGraph, trace
 
@@ -62,6 +64,7 @@ _LAZY = {
     "Device": "automap.cluster.cluster",
     "detect_cluster": "automap.cluster.detect",
     "DeviceProfile": "automap.cluster.device",
+    "GradScaler": "automap.generate.grad_scaler",
     "ParallelModule": "automap.generate.module",
     "get_state_dict": "automap.generate.dtensor_state",
     "set_state_dict": "automap.generate.dtensor_state",
@@ -76,6 +79,7 @@ _LAZY = {
     "DeviceMesh": "automap.sharding.mesh",
     "ShardingSpec": "automap.sharding.spec",
     "enumerate_specs": "automap.sharding.spec",
+    "MixedPrecision": "automap.trace.mixed_precision",
     "Profile": "automap.trace.profiling",
     "profile": "automap.trace.profiling",
     "TracedGraph": "automap.trace.tracing",
@@ -117,6 +121,7 @@ __all__ = [
     "DeviceProfile",
     "DeviceMesh",
     "DistributedError",
+    "GradScaler",
     "InfeasibleBudgetError",
     "InfeasiblePlanError",
     "InputMismatchError",
@@ -129,6 +134,7 @@ __all__ = [
     "LayoutPath",
     "LayoutStep",
     "LimitExceededError",
+    "MixedPrecision",
     "ParallelModule",
     "Plan",
     "Profile",

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from automap.cluster.cluster import Cluster
     from automap.cluster.device import DeviceProfile
     from automap.generate.module import ParallelModule
+    from automap.trace.mixed_precision import MixedPrecision
     from automap.trace.tracing import TracedGraph
 
 #: What a loss function maps the model's output to: the scalar loss.
@@ -41,6 +42,7 @@ def autoparallelize(
     device: str | torch.device | None = None,
     seed: int = 0,
     setup_timeout_s: float = DEFAULT_SETUP_TIMEOUT_S,
+    mixed_precision: MixedPrecision | str | None = None,
     **plan_options: Any,
 ) -> ParallelModule:
     """Plan ``model`` on ``mesh`` (default: 1-D over the whole world; a
@@ -59,6 +61,15 @@ def autoparallelize(
     speeds not given there nor measured in the cluster are measured by every rank at
     once, as they will compute in training; so are the links of a mesh given as a
     shape or left to the default (a ``DeviceMesh`` keeps the links it was given).
+
+    ``mixed_precision`` (None, ``"bf16"``, ``"fp16"`` or ``automap.MixedPrecision``):
+    the module computes as the model does under ``torch.autocast`` in that dtype,
+    with float32 master parameters and optimizer state, and all-reduces data-parallel
+    gradients in ``reduce_dtype`` (float32 unless given); the planner prices the
+    low-precision activations and FLOP rate. A ``plan`` made with another setting is
+    refused (``StalePlanError``). With fp16, scale the loss with
+    ``automap.GradScaler`` (a ``torch.amp.GradScaler`` whose inf check agrees
+    across ranks).
 
     Every rank calls it. An error on any rank (while checking, planning on the
     leader, or generating) is raised on every rank as the same ``AutomapError``;
@@ -89,7 +100,8 @@ def autoparallelize(
         dev = _device(device)
         if budget is None and dev.type == "cuda":
             budget = torch.cuda.get_device_properties(dev).total_memory
-        return meshes, known, dev, budget, _trace(model, example_inputs, loss_fn)
+        return meshes, known, dev, budget, _trace(model, example_inputs, loss_fn,
+                                                  mixed_precision)
 
     meshes, known, dev, budget, traced = channel.each_rank(
         "checking the arguments and tracing", prepare)
@@ -115,13 +127,16 @@ def autoparallelize(
 def apply(plan: Plan, model: nn.Module, example_inputs: Any = None, *,
           loss_fn: LossFn | None = None, local_inputs: bool = False,
           device: str | torch.device | None = None, seed: int = 0,
-          setup_timeout_s: float = DEFAULT_SETUP_TIMEOUT_S) -> ParallelModule:
+          setup_timeout_s: float = DEFAULT_SETUP_TIMEOUT_S,
+          mixed_precision: MixedPrecision | str | None = "plan") -> ParallelModule:
     """This rank's ``ParallelModule`` of ``model`` under ``plan`` (made by
     ``automap.plan`` for the same model, inputs and loss). Without
     ``example_inputs``, stand-ins of the shapes and dtypes the plan recorded are
     traced. Raises ``StalePlanError`` when the model or input shapes changed
     since planning, ``InvalidPlanError`` when the plan does not fit the graph;
-    errors and timeouts reach every rank as in ``autoparallelize``."""
+    errors and timeouts reach every rank as in ``autoparallelize``.
+    ``mixed_precision``: by default the plan's (``plan.mixed_precision``); another
+    setting is refused with a ``StalePlanError``."""
     _world_size()
     channel = SetupChannel.of_world(setup_timeout_s)
     channel.check_in("starting automap.apply")
@@ -134,7 +149,9 @@ def apply(plan: Plan, model: nn.Module, example_inputs: Any = None, *,
         inputs = example_inputs
         if inputs is None:
             inputs = stand_in_inputs(plan.inputs, _model_device(model))
-        return _device(device), _trace(model, inputs, loss_fn)
+        setting = plan.mixed_precision if isinstance(mixed_precision, str) and \
+            mixed_precision == "plan" else mixed_precision
+        return _device(device), _trace(model, inputs, loss_fn, setting)
 
     dev, traced = channel.each_rank("checking the plan and tracing", prepare)
     return _generate(channel, traced, plan, model, dev, local_inputs, seed)
@@ -180,10 +197,12 @@ def _model_device(model: nn.Module) -> torch.device:
     return first.device if first is not None else torch.device("cpu")
 
 
-def _trace(model: nn.Module, example_inputs: Any, loss_fn: LossFn | None) -> TracedGraph:
+def _trace(model: nn.Module, example_inputs: Any, loss_fn: LossFn | None,
+           mixed_precision: MixedPrecision | str | None = None) -> TracedGraph:
     from automap.trace.tracing import default_loss, trace
 
-    return trace(model, example_inputs, loss_fn=loss_fn or default_loss)
+    return trace(model, example_inputs, loss_fn=loss_fn or default_loss,
+                 mixed_precision=mixed_precision)
 
 
 def _generate(channel: SetupChannel, traced: TracedGraph, plan: Plan, model: nn.Module,

@@ -56,13 +56,14 @@ def output_is(spec: str) -> Keep:
 
 def forced_plan(model, example_inputs, loss_fn, mesh, *, params: dict[str, str] | None = None,
                 inputs: dict[str, str] | None = None, ops: dict[str, Keep] | None = None,
-                flops_per_s: float = 1e6, **options):
+                flops_per_s: float = 1e6, mixed_precision=None, **options):
     """The ILP's plan with parameter specs forced (``params``: regex on the parameter
     name -> spec; unmatched parameters replicated when ``params`` is given), user
     input specs (input node name -> spec, or ``BATCH``) and op predicates (node name -> Keep).
     A slow ``flops_per_s`` makes splitting the compute worth its communication;
     ``options`` go to ``plan_traced`` (e.g. ``device``, a memory budget)."""
-    traced = trace(model, example_inputs, loss_fn=loss_fn or default_loss)
+    traced = trace(model, example_inputs, loss_fn=loss_fn or default_loss,
+                   mixed_precision=mixed_precision)
     constraints: dict[str, Keep] = {}
     if params is not None:
         for name, state in traced.parameters.items():

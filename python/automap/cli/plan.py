@@ -58,6 +58,10 @@ def register(subparsers: Any) -> None:
                                           "the checkpoint blocks.")
     e.add_argument("plan", help="plan.json written by automap plan")
     e.add_argument("--rows", type=positive_int, default=60, help="nodes to list")
+    e.add_argument("--plot", metavar="DIR", default=None,
+                   help="also draw DIR/plan.png (the graph coloured by sharding, conversions, "
+                        "checkpoint blocks) and DIR/memory.png (predicted memory per rank "
+                        "over the step); needs matplotlib: pip install automap[plot]")
     e.set_defaults(run=_explain)
 
 
@@ -92,7 +96,24 @@ def _explain(args: argparse.Namespace) -> int:
     from automap.planner.plan import Plan
 
     try:
-        print(Plan.from_json(args.plan).explain(max_rows=args.rows))
+        plan = Plan.from_json(args.plan)
+        print(plan.explain(max_rows=args.rows))
+        if args.plot is not None:
+            _plot(plan, args.plot)
     except (AutomapError, OSError) as exc:
         return report("explain", exc)
     return 0
+
+
+def _plot(plan, directory: str) -> None:
+    """plan.png and, where the plan carries its simulated memory timeline, memory.png."""
+    import os
+
+    os.makedirs(directory, exist_ok=True)
+    print(f"\npicture of the plan written to {plan.plot(os.path.join(directory, 'plan.png'))}")
+    if plan.memory_timeline is None:
+        print("memory.png not written: this plan has no simulated memory timeline (it was "
+              "planned without verify, with reduce_depth, or by an older automap)")
+        return
+    written = plan.plot_memory(os.path.join(directory, "memory.png"))
+    print(f"picture of its memory over the step written to {written}")

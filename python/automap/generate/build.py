@@ -310,6 +310,18 @@ def _strip(target: str) -> str:
     return _strip_inner(target)
 
 
+def _through_casts(read: fx.Node) -> list[fx.Node]:
+    """The users of a parameter read, looking through mixed precision's casts: the
+    gradient reduced after a cast, summed before the cast's backward, is the
+    parameter's gradient reduced (in ``reduce_dtype``, by the bucketed sync)."""
+    users = []
+    for u in read.users:
+        cast = u.op == "call_function" and u.target is torch.ops.aten._to_copy.default \
+            and set(u.kwargs) == {"dtype"}
+        users.extend(u.users if cast and u.users else [u])
+    return users
+
+
 def defer_parameter_gradient_sync(out: GeneratedGraph) -> list[tuple[str, tuple[int, ...]]]:
     """Take out of the graph the backward all-reduces of parameters whose every use
     reduces its gradient over the same axes, read as stored (data parallelism):
@@ -322,7 +334,7 @@ def defer_parameter_gradient_sync(out: GeneratedGraph) -> list[tuple[str, tuple[
             reads.setdefault(node.target, []).append(node)
     deferred = []
     for name, nodes in reads.items():
-        users = [u for n in nodes for u in n.users]
+        users = [u for n in nodes for u in _through_casts(n)]
         groups = {u.args[1].target for u in users if u.target is identity_all_reduce_grad}
         if not users or len(groups) != 1 or any(u.target is not identity_all_reduce_grad
                                                 for u in users):

@@ -12,6 +12,8 @@ chooses (over several axes possibly in per-axis steps, see
 ``loss.backward()`` returns synchronised gradients and any optimizer works
 unchanged. Gradient accumulation over several backward calls stays exact: a
 gradient that existed before the backward is subtracted out of the sum again.
+Under mixed precision a bucket is reduced in the setting's ``reduce_dtype`` (its
+flat copy is cast, and the sum cast back into each ``.grad``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ class GradientSync:
     order their gradients are expected, roughly the reverse of the forward)."""
 
     def __init__(self, params: list[tuple[nn.Parameter, AxisGroup]],
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 reduce_dtype: torch.dtype | None = None) -> None:
+        self.reduce_dtype = reduce_dtype  # None: each gradient's own dtype
         self.buckets: list[_Bucket] = []
         open_by_group: dict[tuple, _Bucket] = {}
         self._bucket_of: dict[int, _Bucket] = {}
@@ -92,6 +96,9 @@ class GradientSync:
                 other.work.advance()
         with tagged("gradient_buckets"):
             bucket.flat = torch.cat([g.reshape(-1) for g in grads])
+            if self.reduce_dtype is not None and bucket.flat.is_floating_point() and \
+                    bucket.flat.dtype != self.reduce_dtype:
+                bucket.flat = bucket.flat.to(self.reduce_dtype)
             bucket.work = PendingAllReduce(bucket.flat, bucket.group)
 
     def finish(self) -> None:

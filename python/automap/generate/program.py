@@ -75,7 +75,9 @@ def assemble(traced, plan, groups, rank: int, device: torch.device, local_inputs
     # Gradients come roughly in reverse order of first use.
     synced = [(module.get_parameter(name), groups.axis_group(axes))
               for name, axes in reversed(deferred)]
-    module.gradient_sync = GradientSync(synced, grad_bucket_bytes or DEFAULT_BUCKET_BYTES)
+    setting = getattr(plan, "mixed_precision", None)
+    module.gradient_sync = GradientSync(synced, grad_bucket_bytes or DEFAULT_BUCKET_BYTES,
+                                        reduce_dtype=setting.reduce_dtype if setting else None)
     return module
 
 

@@ -38,6 +38,9 @@ CATEGORIES = ("parameters", "buffers", "inputs", "optimizer_state", "gradients",
               "optimizer_step", "workspace")
 _PHASE_CATEGORY = {"forward": "activations", "backward": "backward",
                    "optimizer": "optimizer_step"}
+#: At most this many samples in ``SimulatedStep.timeline`` (a plan stays small;
+#: merged samples keep the largest, so the step's peak is always one of them).
+MAX_TIMELINE_SAMPLES = 400
 
 
 @dataclass
@@ -51,6 +54,12 @@ class SimulatedStep:
     phase: str
     breakdown: dict[str, int]
     phase_peak_bytes: dict[str, int] = field(default_factory=dict)
+    #: Live bytes over the step: per sample (the peak of one node's forward or
+    #: backward, or of the optimizer step) ``at`` (the fraction of the step's
+    #: storage births and deaths before it), ``phase``, ``node`` and ``bytes``
+    #: (one per entry of ``CATEGORIES``, as ``breakdown``); the largest sample's
+    #: bytes sum to ``peak_bytes``.
+    timeline: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -60,6 +69,18 @@ class _Record:
     born: int
     died: int | None = None
     node: str = ""  # the generated node running when it was made (forward only)
+
+
+@dataclass
+class _Sample:
+    """The largest live total seen while one node (forward or backward) or the
+    optimizer step ran, and when (the timeline's clock)."""
+
+    phase: str
+    node: str
+    live: int
+    clock: int
+    scratch: int
 
 
 class _Timeline:
@@ -78,6 +99,8 @@ class _Timeline:
         self.all: list[_Record] = []
         self.node = ""
         self.peak_node = ""
+        self.samples: list[_Sample] = []
+        self.step_clock = (0, 0)  # the clock when the step began and ended
 
     def track(self, tensor: torch.Tensor, category: str | None = None) -> _Record | None:
         if tensor.layout != torch.strided:
@@ -102,11 +125,20 @@ class _Timeline:
 
     def _observe(self, live: int) -> None:
         if self.phase in _PHASE_CATEGORY:
+            self._sample(live)
             self.phase_peak[self.phase] = max(self.phase_peak.get(self.phase, 0), live)
             if live > self.peak:
                 self.peak, self.peak_clock, self.peak_phase = live, self.clock, self.phase
                 self.peak_node = self.node
                 self.peak_scratch = live - self.live
+
+    def _sample(self, live: int) -> None:
+        last = self.samples[-1] if self.samples else None
+        if last is None or (last.phase, last.node) != (self.phase, self.node):
+            self.samples.append(_Sample(self.phase, self.node, live, self.clock,
+                                        live - self.live))
+        elif live > last.live:
+            last.live, last.clock, last.scratch = live, self.clock, live - self.live
 
     def free(self, key: int) -> None:
         record = self.records.pop(key, None)
@@ -126,6 +158,36 @@ class _Timeline:
             if r.born <= self.peak_clock and (r.died is None or r.died > self.peak_clock):
                 category = "gradients" if id(r) in gradient_records else r.category
                 out[category] = out.get(category, 0) + r.nbytes
+        return out
+
+    def sampled(self, gradient_records: set[int]) -> list[dict]:
+        """The samples (at most ``MAX_TIMELINE_SAMPLES``, each window's largest)
+        with their live bytes by category, as ``breakdown`` counts them at the
+        peak: one sweep over births and deaths in clock order."""
+        samples = self.samples
+        if len(samples) > MAX_TIMELINE_SAMPLES:
+            width = -(-len(samples) // MAX_TIMELINE_SAMPLES)
+            samples = [max(samples[i:i + width], key=lambda s: s.live)
+                       for i in range(0, len(samples), width)]
+        index = {c: i for i, c in enumerate(CATEGORIES)}
+        events = []
+        for r in self.all:
+            column = index["gradients" if id(r) in gradient_records else r.category]
+            events.append((r.born, column, r.nbytes))
+            if r.died is not None:
+                events.append((r.died, column, -r.nbytes))
+        events.sort(key=lambda e: e[0])
+        live = [0] * len(CATEGORIES)
+        start, end = self.step_clock
+        out, e = [], 0
+        for sample in samples:
+            while e < len(events) and events[e][0] <= sample.clock:
+                live[events[e][1]] += events[e][2]
+                e += 1
+            row = list(live)
+            row[index["workspace"]] += sample.scratch
+            out.append({"at": min(1.0, max(0.0, (sample.clock - start) / max(1, end - start))),
+                        "phase": sample.phase, "node": sample.node, "bytes": row})
         return out
 
 
@@ -158,22 +220,24 @@ def simulate_step(traced, plan, *, rank: int | None = None, optimizer="adamw",
                     timeline.track(t, kind)
         with TrackStorage(timeline, device):
             timeline.phase = "forward"
+            start = timeline.clock
             outputs = _Runner(module, timeline).run(*inputs)
             loss = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
-            timeline.phase = "backward"
+            timeline.phase, timeline.node = "backward", "backward"
             loss.backward()
             del loss, outputs
             grads = {id(timeline.records[key]) for key in
                      (p.grad.untyped_storage()._cdata for p in params if p.grad is not None)
                      if key in timeline.records}
-            timeline.phase = "optimizer"
+            timeline.phase, timeline.node = "optimizer", "optimizer step"
             if opt is not None:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             timeline.phase = "done"
+            timeline.step_clock = (start, timeline.clock)
     return SimulatedStep(rank, timeline.peak, timeline.peak_phase,
                          timeline.breakdown(grads),
-                         dict(timeline.phase_peak))
+                         dict(timeline.phase_peak), timeline.sampled(grads))
 
 
 class _Runner(torch.fx.Interpreter):

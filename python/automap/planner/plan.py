@@ -24,8 +24,10 @@ from automap.planner.validate import (
     content_fingerprint,
 )
 from automap.sharding.mesh import DeviceMesh
+from automap.trace.mixed_precision import MixedPrecision, describe
 
 if TYPE_CHECKING:
+    from automap.planner.plot import MeasuredMemory
     from automap.trace.tracing import TracedGraph
 
 
@@ -92,6 +94,13 @@ class Plan:
     memory_breakdown_at: str = ""
     #: The predicted step's parts in seconds (``automap.planner.step_time.StepTime``).
     step_time: dict = field(default_factory=dict)
+    #: Live bytes by category over the simulated step (None: not simulated):
+    #: ``{"categories": [...], "samples": [{"at", "phase", "node", "bytes"}]}``,
+    #: ``at`` the fraction of the step's allocations and frees before the sample,
+    #: ``bytes`` one count per category; the largest sample sums to the peak.
+    memory_timeline: dict | None = None
+    #: The ``MixedPrecision`` the plan's graph computes in (None: the model's dtypes).
+    mixed_precision: MixedPrecision | None = None
 
     # Serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -117,6 +126,10 @@ class Plan:
             "nodes": [asdict(n) for n in self.nodes.values()],
             "edges": [asdict(e) for e in self.edges],
         }
+        if self.memory_timeline is not None:  # absent otherwise, as in older plans
+            data["memory_timeline"] = self.memory_timeline
+        if self.mixed_precision is not None:  # absent otherwise: older plans read alike
+            data["mixed_precision"] = self.mixed_precision.to_dict()
         # Through JSON once, so the hash sees what a reader will (lists, not tuples).
         data = json.loads(json.dumps(data))
         data["content_fingerprint"] = content_fingerprint(data)
@@ -160,6 +173,9 @@ class Plan:
             checkpoint=CheckpointPlan.from_dict(data["checkpoint"]),
             inputs=data["inputs"],
             step_time=data["step_time"],
+            memory_timeline=data.get("memory_timeline"),
+            mixed_precision=(MixedPrecision.from_dict(data["mixed_precision"])
+                             if data.get("mixed_precision") is not None else None),
         )
         check_consistency(plan)
         return plan
@@ -180,6 +196,12 @@ class Plan:
         """Raise StalePlanError unless this plan was made for ``traced`` (and
         ``mesh``), and InvalidPlanError unless every node's choice is a strategy
         the generator offers for it."""
+        traced_setting = getattr(traced, "mixed_precision", None)
+        if traced_setting != self.mixed_precision:
+            raise StalePlanError(
+                f"this plan was made for {describe(self.mixed_precision)}, but the model is "
+                f"run in {describe(traced_setting)}; pass the plan's setting "
+                f"(mixed_precision=plan.mixed_precision) or re-plan")
         fingerprint = graph_fingerprint(traced)
         if fingerprint != self.graph_fingerprint:
             raise StalePlanError(
@@ -293,6 +315,22 @@ class Plan:
         if self.unsupported_ops:
             lines.append(f"ran replicated (no generator): {self.unsupported_ops}")
         return "\n".join(lines)
+
+    # Pictures (matplotlib: pip install automap[plot]) -------------------------------
+    def plot(self, path: str) -> str:
+        """Draw the graph's nodes coloured by their sharding, the layout conversions
+        and checkpoint blocks, and each node's time, to ``path`` (PNG by suffix)."""
+        from automap.planner.plot import plot_plan
+
+        return plot_plan(self, path)
+
+    def plot_memory(self, path: str, measured: MeasuredMemory | None = None) -> str:
+        """Draw the predicted memory per rank over the step by category, the budget
+        and, given ``measured`` (an ``automap.planner.plot.MeasuredMemory`` or
+        (fraction of the step, bytes) pairs), the measured curve, to ``path``."""
+        from automap.planner.plot import plot_memory
+
+        return plot_memory(self, path, measured)
 
     def __str__(self) -> str:
         return self.summary()

@@ -19,7 +19,7 @@ from automap.checkpoint.chain import chain_of_plan, choice_of_plan, coarsen, sol
 from automap.checkpoint.record import CheckpointPlan
 from automap.cluster.device import DeviceProfile, resolve_device_profile
 from automap.errors import InfeasibleBudgetError, InvalidMeshError
-from automap.generate.simulate import simulate_step
+from automap.generate.simulate import CATEGORIES, simulate_step
 from automap.planner.checks import (
     check_budget,
     check_choice,
@@ -43,6 +43,7 @@ from automap.trace.example_inputs import describe_inputs
 
 if TYPE_CHECKING:
     from automap.cluster.cluster import Cluster
+    from automap.trace.mixed_precision import MixedPrecision
 
 #: The two-stage search's budget ladder: the ILP runs at B * (1 + alpha)^n,
 #: n = 0 .. steps - 1, each solution checkpointed within the real budget B.
@@ -119,6 +120,7 @@ def plan(
     checkpointing: str = "auto",
     verify: bool = True,
     exact_columns: float = EXACT_COLUMNS,
+    mixed_precision: MixedPrecision | str | None = None,
     verbose: bool = False,
 ) -> Plan:
     """Search the intra-op sharding plan of ``model`` on ``mesh`` (a
@@ -137,6 +139,12 @@ def plan(
     ``exact_columns``: budgeted ILPs of up to this many columns are solved
     exactly, larger ones by LP dives (``math.inf``: always exactly; see
     ``automap.solve.ilp.ShardingIlp``).
+
+    ``mixed_precision`` (None, ``"bf16"``, ``"fp16"`` or ``automap.MixedPrecision``):
+    plan the step as it runs under ``torch.autocast`` in that dtype with float32
+    master parameters (the graph carries the casts, so activations are priced at
+    the low dtype's bytes and matmuls at its FLOP/s, measured in that dtype unless
+    ``flops_per_s`` is given); the plan records it (``plan.mixed_precision``).
 
     ``verify``: run one training step of the generated program on fake tensors
     (``automap.generate.simulate``) and report its peak memory; within a budget,
@@ -165,7 +173,8 @@ def plan(
     depth: contextlib.AbstractContextManager[list] = (
         reduced_depth(model) if reduce_depth else contextlib.nullcontext([]))
     with depth as stacks:
-        traced = trace(model, example_inputs, loss_fn=loss_fn or default_loss)
+        traced = trace(model, example_inputs, loss_fn=loss_fn or default_loss,
+                       mixed_precision=mixed_precision)
         profile = profile_traced(traced, optimizer)
     device = resolve_device_profile(
         flops_per_s=flops_per_s, memory_bandwidth_bytes_per_s=memory_bandwidth_bytes_per_s,
@@ -184,7 +193,11 @@ def plan(
 
 
 def parameter_dtype(traced) -> torch.dtype:
-    """The dtype most parameter bytes have (the matmul rate is measured in it)."""
+    """The dtype the matmuls compute in (their rate is measured in it): the
+    mixed-precision compute dtype, else the dtype most parameter bytes have."""
+    setting = getattr(traced, "mixed_precision", None)
+    if setting is not None:
+        return setting.param_dtype
     bytes_by_dtype: dict[torch.dtype, int] = {}
     for state in traced.parameters.values():
         if state.dtype.is_floating_point:
@@ -297,6 +310,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         found.predicted_peak_memory_bytes = float(step.peak_bytes)
         found.memory_breakdown = dict(step.breakdown)
         found.memory_breakdown_at = step.phase
+        found.memory_timeline = {"categories": list(CATEGORIES), "samples": step.timeline}
         return found
 
     if memory_budget_bytes is None:
@@ -582,6 +596,7 @@ def _package(traced, profile, table, sol, mesh, memory_budget_bytes, node_weight
         memory_budget_bytes=memory_budget_bytes,
         memory_binding=sol.memory_binding or recompute > 0,
         graph_fingerprint=graph_fingerprint(traced),
+        mixed_precision=getattr(traced, "mixed_precision", None),
         cost_constants={**device.to_dict(), "optimizer": optimizer},
         solver={"status": sol.status, "gap": sol.gap, "objective_s": sol.objective_s,
                 "build_s": sol.build_s, "solve_s": sol.solve_s, "trace_s": trace_s,

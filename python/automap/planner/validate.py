@@ -51,6 +51,11 @@ TOP_FIELDS = {"schema_version": "index", "versions": dict, "graph_fingerprint": 
               "memory_breakdown": "breakdown", "memory_breakdown_at": str,
               "unsupported_ops": dict, "checkpoint": "checkpoint?", "inputs": "inputs?",
               "step_time": "breakdown", "nodes": list, "edges": list}
+#: Top-level fields a record may lack (written only when set; plans written
+#: before they existed load, with the same content fingerprint): the simulated
+#: step's memory over time, the mixed-precision setting.
+OPTIONAL_TOP_FIELDS = {"memory_timeline": "memory_timeline?",
+                       "mixed_precision": "mixed_precision?"}
 INPUT_FORMS = ("tensor", "sequence", "dict")
 
 
@@ -155,21 +160,46 @@ def _check_value(where: str, value, kind) -> None:
             _fail(where, value, "it must map names to finite numbers")
     elif kind == "checkpoint":
         _check_record(where, value, CHECKPOINT_FIELDS)
+    elif kind == "memory_timeline":
+        _check_memory_timeline(where, value)
     elif kind == "inputs":
         _check_inputs(where, value)
+    elif kind == "mixed_precision":
+        _check_mixed_precision(where, value)
     else:  # pragma: no cover - the tables above name only the kinds handled here
         raise AssertionError(kind)
 
 
-def _check_record(where: str, record, spec: dict) -> None:
+def _check_record(where: str, record, spec: dict, optional: dict | None = None) -> None:
     if not isinstance(record, dict):
         _fail(where, record, "it must be a JSON object")
+    optional = optional or {}
     missing = sorted(set(spec) - set(record))
-    extra = sorted(set(record) - set(spec))
+    extra = sorted(set(record) - set(spec) - set(optional))
     if missing or extra:
         _fail(where, sorted(record), f"missing fields {missing}, unknown fields {extra}")
-    for key, kind in spec.items():
-        _check_value(f"{where}.{key}", record[key], kind)
+    for key, kind in (*spec.items(), *optional.items()):
+        if key in record:
+            _check_value(f"{where}.{key}", record[key], kind)
+
+
+def _check_memory_timeline(where: str, value) -> None:
+    """``{"categories": [names], "samples": [{"at", "phase", "node", "bytes"}]}``:
+    ``at`` a fraction of the step, ``bytes`` one count >= 0 per category."""
+    if not isinstance(value, dict) or set(value) != {"categories", "samples"}:
+        _fail(where, value, "it must be an object with categories and samples")
+    categories = value["categories"]
+    _check_value(f"{where}.categories", categories, "strings")
+    if not isinstance(value["samples"], list):
+        _fail(f"{where}.samples", value["samples"], "it must be a list of samples")
+    for i, sample in enumerate(value["samples"]):
+        at = f"{where}.samples[{i}]"
+        _check_record(at, sample, {"at": "number", "phase": str, "node": str, "bytes": "shape"})
+        if not 0 <= sample["at"] <= 1:
+            _fail(f"{at}.at", sample["at"], "it must be a fraction of the step, 0 to 1")
+        if len(sample["bytes"]) != len(categories):
+            _fail(f"{at}.bytes", sample["bytes"],
+                  f"it needs one byte count per category ({len(categories)})")
 
 
 def _check_inputs(where: str, value) -> None:
@@ -197,6 +227,17 @@ def _check_inputs(where: str, value) -> None:
             _fail(at, record, "it must hold a shape and dtype, a value or 'unrecordable'")
 
 
+def _check_mixed_precision(where: str, value) -> None:
+    from automap.trace.mixed_precision import MixedPrecision
+
+    if not isinstance(value, dict) or set(value) != {"param_dtype", "reduce_dtype"}:
+        _fail(where, value, "it must be an object with param_dtype and reduce_dtype")
+    try:
+        MixedPrecision.from_dict(value)
+    except AutomapError as exc:
+        _fail(where, value, str(exc))
+
+
 def check_schema(data) -> None:
     """Layer 1: the types and ranges of every field."""
     if not isinstance(data, dict):
@@ -206,7 +247,7 @@ def check_schema(data) -> None:
         raise StalePlanError(
             f"plan schema version {version!r} is not {SCHEMA_VERSION}, the one this automap "
             f"reads (an integer); re-plan with automap.plan(...)")
-    _check_record("(top level)", data, TOP_FIELDS)
+    _check_record("(top level)", data, TOP_FIELDS, OPTIONAL_TOP_FIELDS)
     if data["content_fingerprint"] != content_fingerprint(data):
         raise InvalidPlanError(
             "the plan's content does not match its content_fingerprint: it was changed after "

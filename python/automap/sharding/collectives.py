@@ -309,6 +309,8 @@ def _split(x: torch.Tensor, dim: int, g: AxisGroup) -> torch.Tensor:
 
 def all_reduce_(x: torch.Tensor, group: AxisGroup) -> torch.Tensor:
     """Sum ``x`` (contiguous, outside autograd) over the group in place."""
+    if torch.compiler.is_compiling():
+        return x.copy_(torch.ops.automap.all_reduce_sum(x, group.compile_key))
     return _finish(_all_reduce_into(x, group))
 
 
@@ -415,29 +417,169 @@ class _ReduceScatterDim(torch.autograd.Function):
 
 def all_gather_dim(x: torch.Tensor, dim: int, group: AxisGroup) -> torch.Tensor:
     """Concatenate the shards of ``x`` along ``dim`` (backward: keep own shard)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.automap.all_gather_dim(x, dim, group.compile_key)
     return _AllGatherDim.apply(x, dim, group)
 
 
 def split_dim(x: torch.Tensor, dim: int, group: AxisGroup) -> torch.Tensor:
     """Keep this rank's shard of ``x`` along ``dim`` (backward: all-gather)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.automap.split_dim(x, dim, group.compile_key)
     return _SplitDim.apply(x, dim, group)
 
 
 def all_to_all_dims(x: torch.Tensor, src_dim: int, dst_dim: int, group: AxisGroup):
     """Gather ``src_dim`` and split ``dst_dim`` in one all-to-all (backward: the reverse)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.automap.all_to_all_dims(x, src_dim, dst_dim, group.compile_key)
     return _AllToAllDims.apply(x, src_dim, dst_dim, group)
 
 
 def all_reduce_sum(x: torch.Tensor, group: AxisGroup) -> torch.Tensor:
     """Sum partial values over the group (backward: identity)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.automap.all_reduce_sum(x, group.compile_key)
     return _AllReduceSum.apply(x, group)
 
 
 def identity_all_reduce_grad(x: torch.Tensor, group: AxisGroup) -> torch.Tensor:
     """Identity whose backward sums the gradient over the group."""
+    if torch.compiler.is_compiling():
+        return torch.ops.automap.identity_all_reduce_grad(x, group.compile_key)
     return _IdentityAllReduceGrad.apply(x, group)
 
 
 def reduce_scatter_dim(x: torch.Tensor, dim: int, group: AxisGroup) -> torch.Tensor:
     """Sum partial values and keep this rank's shard along ``dim`` (backward: all-gather)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.automap.reduce_scatter_dim(x, dim, group.compile_key)
     return _ReduceScatterDim.apply(x, dim, group)
+
+
+# Under torch.compile. ------------------------------------------------------------------
+# The collectives above are autograd Functions whose eager bodies set a ContextVar
+# (``tagged``) and drive generators of gloo works: Dynamo breaks the graph at each.
+# While compiling, each public function calls a custom op instead (one per
+# collective, registered below): opaque to Dynamo, AOTAutograd and Inductor, with a
+# fake implementation for shapes and the same dual as its backward; at run time the
+# op runs the same eager code (the planned algorithm, ``_GlooWork``'s release of
+# memory), so values are the eager ones. A custom op may not return a view of its
+# input: a result that shares the input's storage (a split along dim 0, a group of
+# one) is copied. Ops refer to their group by ``AxisGroup.compile_key``.
+
+def _group(key: str) -> AxisGroup:
+    from automap.sharding.process_groups import group_of_compile_key
+
+    return group_of_compile_key(key)
+
+
+def _fresh(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``y`` contiguous (the fake implementations' strides) and not sharing ``x``'s storage."""
+    y = y.contiguous()
+    same = y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    return y.clone() if same and x.numel() > 0 else y
+
+
+def _resized(x: torch.Tensor, dim: int, times: int = 1, parts: int = 1) -> torch.Tensor:
+    """An empty ``x`` whose ``dim`` is ``times`` longer, then cut in ``parts``."""
+    shape = list(x.shape)
+    shape[dim] = shape[dim] * times // parts
+    return x.new_empty(shape)
+
+
+@torch.library.custom_op("automap::all_gather_dim", mutates_args=())
+def _op_all_gather_dim(x: torch.Tensor, dim: int, group: str) -> torch.Tensor:
+    return _fresh(_finish(_gather(x, dim, _group(group))), x)
+
+
+@torch.library.custom_op("automap::split_dim", mutates_args=())
+def _op_split_dim(x: torch.Tensor, dim: int, group: str) -> torch.Tensor:
+    return _fresh(_split(x, dim, _group(group)), x)
+
+
+@torch.library.custom_op("automap::all_to_all_dims", mutates_args=())
+def _op_all_to_all_dims(x: torch.Tensor, src_dim: int, dst_dim: int, group: str
+                        ) -> torch.Tensor:
+    return _fresh(_finish(_all_to_all(x, src_dim, dst_dim, _group(group))), x)
+
+
+@torch.library.custom_op("automap::all_reduce_sum", mutates_args=())
+def _op_all_reduce_sum(x: torch.Tensor, group: str) -> torch.Tensor:
+    return _fresh(_all_reduce(x, _group(group)), x)
+
+
+@torch.library.custom_op("automap::identity_all_reduce_grad", mutates_args=())
+def _op_identity_all_reduce_grad(x: torch.Tensor, group: str) -> torch.Tensor:
+    return x.clone()
+
+
+@torch.library.custom_op("automap::reduce_scatter_dim", mutates_args=())
+def _op_reduce_scatter_dim(x: torch.Tensor, dim: int, group: str) -> torch.Tensor:
+    return _fresh(_finish(_reduce_scatter(x, dim, _group(group))), x)
+
+
+@_op_all_gather_dim.register_fake
+def _(x, dim, group):
+    return _resized(x, dim, times=_group(group).size)
+
+
+@_op_split_dim.register_fake
+def _(x, dim, group):
+    return _resized(x, dim, parts=_group(group).size)
+
+
+@_op_all_to_all_dims.register_fake
+def _(x, src_dim, dst_dim, group):
+    size = _group(group).size
+    return _resized(_resized(x, src_dim, times=size), dst_dim, parts=size)
+
+
+@_op_all_reduce_sum.register_fake
+def _(x, group):
+    return torch.empty_like(x)
+
+
+@_op_identity_all_reduce_grad.register_fake
+def _(x, group):
+    return torch.empty_like(x)
+
+
+@_op_reduce_scatter_dim.register_fake
+def _(x, dim, group):
+    return _resized(x, dim, parts=_group(group).size)
+
+
+def _keep_args(ctx, inputs, output) -> None:
+    ctx.args = inputs[1:]
+
+
+def _gather_back(ctx, grad):
+    dim, group = ctx.args
+    return torch.ops.automap.all_gather_dim(grad, dim, group), None, None
+
+
+def _split_back(ctx, grad):
+    dim, group = ctx.args
+    return torch.ops.automap.split_dim(grad, dim, group), None, None
+
+
+def _all_to_all_back(ctx, grad):
+    src_dim, dst_dim, group = ctx.args
+    return torch.ops.automap.all_to_all_dims(grad, dst_dim, src_dim, group), None, None, None
+
+
+def _all_reduce_sum_back(ctx, grad):
+    return grad, None
+
+
+def _identity_back(ctx, grad):
+    return torch.ops.automap.all_reduce_sum(grad, ctx.args[0]), None
+
+
+for _op, _backward in ((_op_all_gather_dim, _split_back), (_op_split_dim, _gather_back),
+                       (_op_all_to_all_dims, _all_to_all_back),
+                       (_op_all_reduce_sum, _all_reduce_sum_back),
+                       (_op_identity_all_reduce_grad, _identity_back),
+                       (_op_reduce_scatter_dim, _gather_back)):
+    _op.register_autograd(_backward, setup_context=_keep_args)

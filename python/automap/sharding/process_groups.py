@@ -5,11 +5,21 @@ shard indices (torch orders group members by global rank, a mesh may not)."""
 from __future__ import annotations
 
 import itertools
+import weakref
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
 from automap.errors import InvalidMeshError
+
+#: AxisGroups by ``compile_key`` (weakly: a group lives as long as its owner).
+_BY_COMPILE_KEY: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_KEY_COUNTER = itertools.count()
+
+
+def group_of_compile_key(key: str) -> AxisGroup:
+    """The AxisGroup whose ``compile_key`` is ``key``."""
+    return _BY_COMPILE_KEY[key]
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,13 @@ class AxisGroup:
     index: int
     shard_of_group_rank: tuple[int, ...] | None
     owner: MeshProcessGroups = field(repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # The name compiled code passes to the collectives' custom ops (which take
+        # no Python objects): registered here so that compiled code only reads it.
+        key = f"axis_group_{next(_KEY_COUNTER)}"
+        object.__setattr__(self, "compile_key", key)
+        _BY_COMPILE_KEY[key] = self
 
     def along(self, axes) -> AxisGroup:
         """This rank's group along ``axes`` (one step of a collective's algorithm)."""

@@ -32,6 +32,11 @@ from automap.errors import TraceError, UnsupportedFunctionError
 from automap.progress import stage
 from automap.trace import hf_compat
 from automap.trace.functions import opaque_functions
+from automap.trace.mixed_precision import (
+    MixedPrecision,
+    insert_autocast_casts,
+    resolve_mixed_precision,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +121,8 @@ class TracedGraph:
         self.graph_module: fx.GraphModule = exported.graph_module
         self.graph: fx.Graph = exported.graph_module.graph
         self.has_loss = has_loss
+        #: The ``MixedPrecision`` the graph computes in (None: as traced).
+        self.mixed_precision: MixedPrecision | None = None
         self.model_type = type(model).__name__
 
         ties = _tie_groups(model)
@@ -277,6 +284,7 @@ def trace(
     *,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     attn_implementation: str | None = None,
+    mixed_precision: MixedPrecision | str | None = None,
 ) -> TracedGraph:
     """Export ``model`` called on ``example_inputs`` to an aten-level fx graph.
 
@@ -285,12 +293,16 @@ def trace(
     get the adjustments of :mod:`automap.trace.hf_compat` (``use_cache=False``,
     ``return_dict=True``, ``attn_implementation`` when given) without being modified.
     The model is traced in its current mode (``.train()`` / ``.eval()``).
+    ``mixed_precision`` (None, ``"bf16"``, ``"fp16"`` or a ``MixedPrecision``): the
+    graph computes as under ``torch.autocast`` in that dtype, with explicit casts
+    (:mod:`automap.trace.mixed_precision`); ``traced.mixed_precision`` records it.
 
     Raises :class:`~automap.errors.TraceError` when torch.export cannot trace the model,
     saying why and what to try.
     """
     if not isinstance(model, nn.Module):
         raise TraceError(f"trace expects an nn.Module, got {type(model).__name__}")
+    setting = resolve_mixed_precision(mixed_precision)
     args, kwargs = distinct_inputs(*split_inputs(example_inputs))
     is_hf = hf_compat.is_hf_model(model)
     step = _Step(model, loss_fn, hf_compat.call_kwargs(model) if is_hf else {})
@@ -307,9 +319,23 @@ def trace(
             if cause is not None:
                 raise cause from exc
             raise TraceError(_explain_export_failure(model, exc, is_hf)) from exc
+        if setting is not None:
+            device_type = _first_device_type(args, kwargs, model)
+            casts = insert_autocast_casts(exported.graph_module, setting, device_type)
+            log.info("mixed precision %s: %d casts inserted", setting.param_dtype, casts)
         traced = TracedGraph(exported, model, has_loss=loss_fn is not None)
+        traced.mixed_precision = setting
         tracing.result(f"{len(traced.nodes)} nodes")
     return traced
+
+
+def _first_device_type(args: Any, kwargs: Any, model: nn.Module) -> str:
+    """The device type autocast is asked about: the inputs' or parameters' (meta
+    tensors follow CPU autocast's policy)."""
+    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    tensors += list(model.parameters())
+    kind = tensors[0].device.type if tensors else "cpu"
+    return "cpu" if kind == "meta" else kind
 
 
 def _cause(exc: BaseException | None, kind: type) -> BaseException | None:

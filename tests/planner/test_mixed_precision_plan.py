@@ -1,0 +1,85 @@
+"""Mixed precision in planning (one process): the traced graph computes in the
+low dtype with float32 parameters, the planner prices that dtype, the Plan
+records the setting (older records without it still load) and refuses a graph
+traced with another setting; bad settings are typed errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import automap
+from automap.errors import InvalidArgumentError, InvalidPlanError, StalePlanError
+from automap.planner.plan import Plan
+from automap.planner.search import parameter_dtype
+from automap.planner.validate import content_fingerprint
+from automap.trace.profiling import profile_traced
+from automap.trace.tracing import trace
+from serial import build
+from speeds import speeds
+
+
+@pytest.fixture(scope="module")
+def planned():
+    model, inputs, loss_fn = build("mlp")
+    mesh = automap.DeviceMesh((2,))
+    plans = {setting: automap.plan(model, inputs, mesh, loss_fn=loss_fn,
+                                   mixed_precision=setting, **speeds(1e9))
+             for setting in (None, "bf16")}
+    return model, inputs, loss_fn, plans
+
+
+def test_the_graph_computes_in_the_low_dtype_with_fp32_parameters():
+    model, inputs, loss_fn = build("mlp")
+    traced = trace(model, inputs, loss_fn=loss_fn, mixed_precision="bf16")
+    assert traced.mixed_precision == automap.MixedPrecision(torch.bfloat16, torch.float32)
+    assert {s.dtype for s in traced.parameters.values()} == {torch.float32}
+    linears = [n for n in traced.nodes.values() if n.op == "aten.linear.default"]
+    assert linears and all(n.outputs[0].dtype == torch.bfloat16 for n in linears)
+    # Autocast's casts are graph nodes: each parameter and the input once.
+    casts = [n for n in traced.nodes.values() if n.op == "aten._to_copy.default"]
+    assert len(casts) == len(traced.parameters) + 2  # + the input, + the logits to fp32
+    assert parameter_dtype(traced) == torch.bfloat16  # the FLOP rate is measured in bf16
+
+
+def test_the_plan_records_prices_and_checks_the_setting(planned):
+    model, inputs, loss_fn, plans = planned
+    full, low = plans[None], plans["bf16"]
+    assert full.mixed_precision is None and "mixed_precision" not in full.to_dict()
+    assert low.mixed_precision == automap.MixedPrecision(torch.bfloat16)
+    again = Plan.from_dict(json.loads(low.to_json()))
+    assert again.mixed_precision == low.mixed_precision
+    # The low dtype's bytes are priced: a matmul's output is half the bytes.
+    profiles = {k: profile_traced(trace(model, inputs, loss_fn=loss_fn, mixed_precision=k))
+                for k in (None, "bf16")}
+    outs = {k: [n.fwd_out_bytes for n in p.nodes if n.op == "aten.linear.default"]
+            for k, p in profiles.items()}
+    assert outs["bf16"] and [2 * b for b in outs["bf16"]] == outs[None]
+    traced_full = trace(model, inputs, loss_fn=loss_fn)
+    with pytest.raises(StalePlanError, match="mixed precision bfloat16"):
+        low.check_matches(traced_full)
+    traced_low = trace(model, inputs, loss_fn=loss_fn, mixed_precision="bf16")
+    with pytest.raises(StalePlanError, match="full precision"):
+        full.check_matches(traced_low)
+    low.check_matches(traced_low)
+
+
+def test_a_bad_recorded_setting_is_refused(planned):
+    data = planned[3]["bf16"].to_dict()
+    data["mixed_precision"]["param_dtype"] = "float32"
+    data["content_fingerprint"] = content_fingerprint(data)
+    with pytest.raises(InvalidPlanError, match="mixed_precision"):
+        Plan.from_dict(data)
+
+
+@pytest.mark.parametrize("bad", ["int8", "bfloat16", torch.bfloat16, 16])
+def test_bad_settings_are_typed_errors(bad):
+    model, inputs, loss_fn = build("mlp")
+    with pytest.raises(InvalidArgumentError, match="mixed_precision must be"):
+        trace(model, inputs, loss_fn=loss_fn, mixed_precision=bad)
+    with pytest.raises(InvalidArgumentError, match="param_dtype"):
+        automap.MixedPrecision(torch.float32)
+    with pytest.raises(InvalidArgumentError, match="reduce_dtype"):
+        automap.MixedPrecision(torch.float16, torch.int32)
