@@ -108,6 +108,7 @@ def plan(
     checkpointing: str = "auto",
     verify: bool = True,
     exact_columns: float = EXACT_COLUMNS,
+    reduce_formulation: bool = True,
     verbose: bool = False,
 ) -> Plan:
     """Search the intra-op sharding plan of ``model`` on ``mesh`` (a
@@ -125,7 +126,9 @@ def plan(
 
     ``exact_columns``: budgeted ILPs of up to this many columns are solved
     exactly, larger ones by LP dives (``math.inf``: always exactly; see
-    ``automap.solve.ilp.ShardingIlp``).
+    ``automap.solve.ilp.ShardingIlp``). ``reduce_formulation=False``: the
+    ILP without the reduction stage's multi-input followers
+    (``automap.solve.reduce``).
 
     ``verify``: run one training step of the generated program on fake tensors
     (``automap.generate.simulate``) and report its peak memory; within a budget,
@@ -162,7 +165,7 @@ def plan(
                       merge_followers=merge_followers, tie_blocks=tie_blocks or bool(stacks),
                       stacks=stacks, strategy_filter=strategy_filter, trace_s=t1 - t0,
                       checkpointing=checkpointing, verify=verify, verbose=verbose,
-                      exact_columns=exact_columns)
+                      exact_columns=exact_columns, reduce_formulation=reduce_formulation)
     found.inputs = describe_inputs(example_inputs)
     return found
 
@@ -183,7 +186,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 time_limit_s=60.0, merge_followers=True, tie_blocks=True, stacks=(),
                 strategy_filter=None, trace_s=0.0, verbose=False, checkpointing="auto",
                 ladder_alpha=LADDER_ALPHA, ladder_steps=LADDER_STEPS, verify=True,
-                backend=None, exact_columns=EXACT_COLUMNS) -> Plan:
+                backend=None, exact_columns=EXACT_COLUMNS, reduce_formulation=True) -> Plan:
     """``plan`` for an already traced and profiled graph, priced on ``device``
     (default: the given speeds, the rest measured on this process's device).
     ``exact_columns``: ILPs up to this many columns are solved exactly under
@@ -214,7 +217,8 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     ilp = ShardingIlp(table, time_limit_s=time_limit_s, mip_rel_gap=MIP_REL_GAP,
                       merge_followers=merge_followers,
                       blocks=blocks, node_weight=node_weight, edge_weight=edge_weight,
-                      optimizer=optimizer, exact_columns=exact_columns)
+                      optimizer=optimizer, exact_columns=exact_columns,
+                      reduce_formulation=reduce_formulation)
 
     def solve(budget, find_least=True):
         sol = ilp.solve(budget, find_least=find_least)
