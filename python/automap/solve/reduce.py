@@ -14,8 +14,8 @@ one. Three rules shrink the problem:
   residual adds, mask ands, gates) follows the producer of one input in the
   same way, where that producer reads no parameter. The edges between two
   such nodes (GPT-2 small on (2,2,2): 106 x 106 spec pairs each) were most
-  of the ILP's edge variables: 210 k down to 131 k, binaries 3 845 down to
-  3 428, the unconstrained optimum unchanged. A producer that reads a
+  of the ILP's edge variables: 210 k down to 105 k, binaries 3 845 down to
+  3 028, the plans at 0.5x and 0.3x budgets unchanged. A producer that reads a
   parameter (an embedding, a matmul) is not followed: its output is where
   a plan may change layout (GPT-2's first add converts the embedding's
   output to a batch split; following it cost 0.26 % of step time).
