@@ -74,6 +74,10 @@ def row(model, inputs, mesh, budget, kind: str, reduce_depth: bool) -> dict:
             "checkpoint_blocks": 0 if p.checkpoint is None else p.checkpoint.block_count()}
 
 
+def _untraced(r: dict) -> float:
+    return r["total_s"] - r["trace_s"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="gpt2")
@@ -124,7 +128,8 @@ def main() -> None:
                 new, old = result["new"], result.get("old")
                 if old is not None and "error" not in new and "error" not in old:
                     print(f"{name:12} {mesh_text:6} {fraction:4.2f}x new/old: total "
-                          f"{new['total_s'] / old['total_s']:.2f}x, edge vars "
+                          f"{new['total_s'] / old['total_s']:.2f}x (after tracing "
+                          f"{_untraced(new) / _untraced(old):.2f}x), edge vars "
                           f"{new['edge_variables'] / max(old['edge_variables'], 1):.2f}x, step "
                           f"{new['step_ms'] / old['step_ms']:.4f}x", flush=True)
     sys.stdout.flush()
