@@ -4,14 +4,14 @@ of 1.0x, 0.5x and 0.3x the unconstrained plan's peak, checkpointing auto,
 on the meta device (no weights). One row per model x mesh x budget: trace,
 strategy-table and solve seconds, total seconds, binaries, edge variables,
 predicted step time, the ILP's gap to its LP bound, peak RSS; with
-``--old`` the same rows again with the formulation before the reduction
-stage (``reduce_formulation=False``, see ``automap.solve.reduce``) and the
-ratios new/old of total time and of predicted step time; with ``--exact``
+``--reduced`` the same rows again with the reduction stage's multi-input
+followers (``reduce_formulation=True``, see ``automap.solve.reduce``) and
+the ratios reduced/default of total time and of predicted step time; with ``--exact``
 the same rows again with every budgeted ILP solved by branch and bound (the
 formulation before LP dives, ``exact_columns=inf``).
 
     python benches/plan_scale.py [--models gpt2,gpt2-medium,gpt3,llama7b] [--meshes 2x2x2,2x4]
-                                 [--budgets 1.0,0.5,0.3] [--old] [--exact] [--json]
+                                 [--budgets 1.0,0.5,0.3] [--reduced] [--exact] [--json]
 """
 
 from __future__ import annotations
@@ -52,15 +52,15 @@ def mesh_of(text: str) -> DeviceMesh:
 
 
 def row(model, inputs, mesh, budget, kind: str, reduce_depth: bool) -> dict:
-    """One plan; ``kind``: "new" (the default formulation), "old" (no
-    reduction stage) or "exact" (branch and bound under every budget)."""
+    """One plan; ``kind``: "new" (the default formulation), "reduced"
+    (multi-input followers) or "exact" (branch and bound under every budget)."""
     start = time.perf_counter()
     options = dict(flops_per_s=FLOPS_PER_S, memory_bandwidth_bytes_per_s=MEMORY_BANDWIDTH,
                    op_overhead_s=OP_OVERHEAD_S, reduce_depth=reduce_depth)
     if kind == "exact":
         options["exact_columns"] = math.inf
-    if kind == "old":
-        options["reduce_formulation"] = False
+    if kind == "reduced":
+        options["reduce_formulation"] = True
     try:
         p = plan(model, inputs, mesh, budget, **options)
     except (InfeasibleBudgetError, SolverTimeLimitError) as err:
@@ -83,8 +83,8 @@ def main() -> None:
     parser.add_argument("--models", default="gpt2")
     parser.add_argument("--meshes", default="2x2x2,2x4,2x2x4")
     parser.add_argument("--budgets", default="1.0,0.5,0.3")
-    parser.add_argument("--old", action="store_true",
-                        help="also plan with the formulation before the reduction stage")
+    parser.add_argument("--reduced", action="store_true",
+                        help="also plan with the reduction stage's multi-input followers")
     parser.add_argument("--exact", action="store_true",
                         help="also solve every budgeted ILP by branch and bound")
     parser.add_argument("--json", action="store_true")
@@ -103,31 +103,31 @@ def main() -> None:
                 budget = fraction * free.predicted_peak_memory_bytes
                 result = {"model": name, "mesh": mesh_text, "budget_x": fraction,
                           "new": row(model, inputs, mesh, budget, "new", reduce_depth)}
-                for kind in ("old", "exact"):
+                for kind in ("reduced", "exact"):
                     if getattr(args, kind):
                         result[kind] = row(model, inputs, mesh, budget, kind, reduce_depth)
                 result["peak_rss_gib"] = peak_rss_bytes() / 2**30
                 if args.json:
                     print(json.dumps(result), flush=True)
                     continue
-                for kind in ("new", "old", "exact"):
+                for kind in ("new", "reduced", "exact"):
                     r = result.get(kind)
                     if r is None:
                         continue
                     if "error" in r:
-                        print(f"{name:12} {mesh_text:6} {fraction:4.2f}x {kind:5} "
+                        print(f"{name:12} {mesh_text:6} {fraction:4.2f}x {kind:7} "
                               f"{r['error']} after {r['total_s']:.1f} s", flush=True)
                         continue
-                    print(f"{name:12} {mesh_text:6} {fraction:4.2f}x {kind:5} "
+                    print(f"{name:12} {mesh_text:6} {fraction:4.2f}x {kind:7} "
                           f"total {r['total_s']:6.1f} s (trace {r['trace_s']:.1f}, strategies "
                           f"{r['strategies_s']:.1f}, last ILP {r['solve_s']:.1f}) "
                           f"bin {r['binaries']:5} edge vars {r['edge_variables']:7} "
                           f"step {r['step_ms']:7.2f} ms gap {r['gap']:.3f} peak "
                           f"{r['peak_gib']:.2f} GiB ckpt {r['checkpoint_blocks']} "
                           f"RSS {result['peak_rss_gib']:.2f} GiB", flush=True)
-                new, old = result["new"], result.get("old")
-                if old is not None and "error" not in new and "error" not in old:
-                    print(f"{name:12} {mesh_text:6} {fraction:4.2f}x new/old: total "
+                old, new = result["new"], result.get("reduced")
+                if new is not None and "error" not in new and "error" not in old:
+                    print(f"{name:12} {mesh_text:6} {fraction:4.2f}x reduced/new: total "
                           f"{new['total_s'] / old['total_s']:.2f}x (after tracing "
                           f"{_untraced(new) / _untraced(old):.2f}x), edge vars "
                           f"{new['edge_variables'] / max(old['edge_variables'], 1):.2f}x, step "

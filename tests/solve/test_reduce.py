@@ -47,11 +47,11 @@ def _table() -> StrategyTable:
 
 def test_elementwise_nodes_follow_a_producer_that_reads_no_parameter():
     table = _table()
-    old = groups(table, reduce_formulation=False)
+    old = groups(table)
     assert old.root["add"] == "add" and old.root["mul"] == "mul"
     assert old.root["relu"] == "x"  # single-input followers, as before
 
-    new = groups(table)
+    new = groups(table, reduce_formulation=True)
     # add's first input comes from mm, which reads the parameter: it follows relu.
     assert new.root["add"] == new.root["relu"] == "x"
     assert new.root["mul"] == "x"  # add, its first input, reads no parameter
@@ -74,16 +74,16 @@ def test_reduced_formulation_is_smaller_and_plans_as_well_on_gpt2():
     model, inputs, loss_fn = model_zoo.gpt2()
     mesh = DeviceMesh((2, 2), alpha_s=[1e-5, 2e-6], bandwidth_bytes_per_s=[2.5e10, 2e11])
     options = dict(loss_fn=loss_fn, checkpointing="off", **speeds(2e9))
-    new = plan(model, inputs, mesh, None, **options)
-    old = plan(model, inputs, mesh, None, reduce_formulation=False, **options)
+    new = plan(model, inputs, mesh, None, reduce_formulation=True, **options)
+    old = plan(model, inputs, mesh, None, **options)
     assert new.solver["edge_variables"] < old.solver["edge_variables"]
     assert new.solver["binaries"] < old.solver["binaries"]
     # A restriction of the old formulation: never better, here within 0.5 %.
     assert old.solver["objective_s"] * (1 - 1e-9) <= new.solver["objective_s"]
     assert new.solver["objective_s"] <= old.solver["objective_s"] * 1.005
     budget = 0.8 * old.predicted_peak_memory_bytes
-    new_b = plan(model, inputs, mesh, budget, **options)
-    old_b = plan(model, inputs, mesh, budget, reduce_formulation=False, **options)
+    new_b = plan(model, inputs, mesh, budget, reduce_formulation=True, **options)
+    old_b = plan(model, inputs, mesh, budget, **options)
     assert new_b.predicted_peak_memory_bytes <= budget
     # Both solved to 0.5 % of their optimum: within 1 % of each other.
     assert new_b.solver["objective_s"] <= old_b.solver["objective_s"] * 1.01

@@ -108,7 +108,7 @@ def plan(
     checkpointing: str = "auto",
     verify: bool = True,
     exact_columns: float = EXACT_COLUMNS,
-    reduce_formulation: bool = True,
+    reduce_formulation: bool = False,
     verbose: bool = False,
 ) -> Plan:
     """Search the intra-op sharding plan of ``model`` on ``mesh`` (a
@@ -126,9 +126,10 @@ def plan(
 
     ``exact_columns``: budgeted ILPs of up to this many columns are solved
     exactly, larger ones by LP dives (``math.inf``: always exactly; see
-    ``automap.solve.ilp.ShardingIlp``). ``reduce_formulation=False``: the
-    ILP without the reduction stage's multi-input followers
-    (``automap.solve.reduce``).
+    ``automap.solve.ilp.ShardingIlp``). ``reduce_formulation=True``: the
+    ILP with the reduction stage's multi-input followers
+    (``automap.solve.reduce``; half the edge variables, but it can lose the
+    plans of tight budgets).
 
     ``verify``: run one training step of the generated program on fake tensors
     (``automap.generate.simulate``) and report its peak memory; within a budget,
@@ -186,7 +187,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 time_limit_s=60.0, merge_followers=True, tie_blocks=True, stacks=(),
                 strategy_filter=None, trace_s=0.0, verbose=False, checkpointing="auto",
                 ladder_alpha=LADDER_ALPHA, ladder_steps=LADDER_STEPS, verify=True,
-                backend=None, exact_columns=EXACT_COLUMNS, reduce_formulation=True) -> Plan:
+                backend=None, exact_columns=EXACT_COLUMNS, reduce_formulation=False) -> Plan:
     """``plan`` for an already traced and profiled graph, priced on ``device``
     (default: the given speeds, the rest measured on this process's device).
     ``exact_columns``: ILPs up to this many columns are solved exactly under

@@ -6,9 +6,10 @@
   resharding cost, with marginal equalities to both sides' choices; that
   keeps the LP relaxation tight and the edge count far below strategy pairs.
   An edge with one distinct spec on a side folds into the other side's costs.
-- Followers (single-input nodes, and elementwise nodes of several inputs)
-  ride on a producer's choice unless ``merge_followers=False``: Alpa's
-  reduction, far fewer variables (``automap.solve.reduce``).
+- Followers (single-input nodes; with ``reduce_formulation`` elementwise
+  nodes of several inputs too) ride on a producer's choice unless
+  ``merge_followers=False``: Alpa's reduction, far fewer variables
+  (``automap.solve.reduce``).
 - Repeated blocks (TAP) share the first instance's variables, so the
   problem does not grow with depth; boundary edges stay exact.
 - Objective: estimated step time in seconds (compute + node collectives +
@@ -230,11 +231,12 @@ class ShardingIlp:
 
     ``merge_followers`` shrinks the problem by letting single-input nodes read
     their producer's output as is (a restriction: exact optimality needs it
-    off); ``reduce_formulation`` lets elementwise nodes of several inputs
-    follow one producer too (``automap.solve.reduce``; False: the formulation
-    before that stage). ``blocks`` (from ``automap.solve.blocks.detect_blocks``) ties every
-    instance of a repeated block to the first: one set of variables, costs
-    summed over the instances. ``node_weight`` and ``edge_weight`` say how
+    off); ``reduce_formulation=True`` lets elementwise nodes of several
+    inputs follow one producer too (``automap.solve.reduce``; off by default:
+    it loses plans under tight budgets). ``blocks`` (from
+    ``automap.solve.blocks.detect_blocks``) ties every instance of a
+    repeated block to the first: one set of variables, costs summed over
+    the instances. ``node_weight`` and ``edge_weight`` say how
     often a node or an edge occurs in the real model (depth-reduced planning,
     see ``automap.solve.depth``)."""
 
@@ -243,7 +245,7 @@ class ShardingIlp:
                  blocks: list | None = None, node_weight: dict[str, float] | None = None,
                  edge_weight: dict[tuple, float] | None = None,
                  optimizer: str = "adamw", exact_columns: float = EXACT_COLUMNS,
-                 reduce_formulation: bool = True) -> None:
+                 reduce_formulation: bool = False) -> None:
         self.table = table
         self.time_limit_s, self.mip_rel_gap = float(time_limit_s), float(mip_rel_gap)
         self.optimizer = optimizer
