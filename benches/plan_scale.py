@@ -4,12 +4,14 @@ of 1.0x, 0.5x and 0.3x the unconstrained plan's peak, checkpointing auto,
 on the meta device (no weights). One row per model x mesh x budget: trace,
 strategy-table and solve seconds, total seconds, binaries, edge variables,
 predicted step time, the ILP's gap to its LP bound, peak RSS; with
-``--exact`` the same rows again with every budgeted ILP solved by branch and
-bound (the formulation before LP dives, ``exact_columns=inf``) and the
-ratio of times and of predicted step times.
+``--reduced`` the same rows again with the reduction stage's multi-input
+followers (``reduce_formulation=True``, see ``automap.solve.reduce``) and
+the ratios reduced/default of total time and of predicted step time; with ``--exact``
+the same rows again with every budgeted ILP solved by branch and bound (the
+formulation before LP dives, ``exact_columns=inf``).
 
     python benches/plan_scale.py [--models gpt2,gpt2-medium,gpt3,llama7b] [--meshes 2x2x2,2x4]
-                                 [--budgets 1.0,0.5,0.3] [--exact] [--json]
+                                 [--budgets 1.0,0.5,0.3] [--reduced] [--exact] [--json]
 """
 
 from __future__ import annotations
@@ -49,12 +51,16 @@ def mesh_of(text: str) -> DeviceMesh:
                       bandwidth_bytes_per_s=BANDWIDTH[-len(shape):])
 
 
-def row(model, inputs, mesh, budget, exact: bool, reduce_depth: bool) -> dict:
+def row(model, inputs, mesh, budget, kind: str, reduce_depth: bool) -> dict:
+    """One plan; ``kind``: "new" (the default formulation), "reduced"
+    (multi-input followers) or "exact" (branch and bound under every budget)."""
     start = time.perf_counter()
     options = dict(flops_per_s=FLOPS_PER_S, memory_bandwidth_bytes_per_s=MEMORY_BANDWIDTH,
                    op_overhead_s=OP_OVERHEAD_S, reduce_depth=reduce_depth)
-    if exact:
+    if kind == "exact":
         options["exact_columns"] = math.inf
+    if kind == "reduced":
+        options["reduce_formulation"] = True
     try:
         p = plan(model, inputs, mesh, budget, **options)
     except (InfeasibleBudgetError, SolverTimeLimitError) as err:
@@ -68,11 +74,17 @@ def row(model, inputs, mesh, budget, exact: bool, reduce_depth: bool) -> dict:
             "checkpoint_blocks": 0 if p.checkpoint is None else p.checkpoint.block_count()}
 
 
+def _untraced(r: dict) -> float:
+    return r["total_s"] - r["trace_s"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="gpt2")
     parser.add_argument("--meshes", default="2x2x2,2x4,2x2x4")
     parser.add_argument("--budgets", default="1.0,0.5,0.3")
+    parser.add_argument("--reduced", action="store_true",
+                        help="also plan with the reduction stage's multi-input followers")
     parser.add_argument("--exact", action="store_true",
                         help="also solve every budgeted ILP by branch and bound")
     parser.add_argument("--json", action="store_true")
@@ -90,28 +102,36 @@ def main() -> None:
             for fraction in (float(b) for b in args.budgets.split(",")):
                 budget = fraction * free.predicted_peak_memory_bytes
                 result = {"model": name, "mesh": mesh_text, "budget_x": fraction,
-                          "new": row(model, inputs, mesh, budget, False, reduce_depth)}
-                if args.exact:
-                    result["exact"] = row(model, inputs, mesh, budget, True, reduce_depth)
+                          "new": row(model, inputs, mesh, budget, "new", reduce_depth)}
+                for kind in ("reduced", "exact"):
+                    if getattr(args, kind):
+                        result[kind] = row(model, inputs, mesh, budget, kind, reduce_depth)
                 result["peak_rss_gib"] = peak_rss_bytes() / 2**30
                 if args.json:
                     print(json.dumps(result), flush=True)
                     continue
-                for kind in ("new", "exact"):
+                for kind in ("new", "reduced", "exact"):
                     r = result.get(kind)
                     if r is None:
                         continue
                     if "error" in r:
-                        print(f"{name:12} {mesh_text:6} {fraction:4.2f}x {kind:5} "
+                        print(f"{name:12} {mesh_text:6} {fraction:4.2f}x {kind:7} "
                               f"{r['error']} after {r['total_s']:.1f} s", flush=True)
                         continue
-                    print(f"{name:12} {mesh_text:6} {fraction:4.2f}x {kind:5} "
+                    print(f"{name:12} {mesh_text:6} {fraction:4.2f}x {kind:7} "
                           f"total {r['total_s']:6.1f} s (trace {r['trace_s']:.1f}, strategies "
                           f"{r['strategies_s']:.1f}, last ILP {r['solve_s']:.1f}) "
                           f"bin {r['binaries']:5} edge vars {r['edge_variables']:7} "
                           f"step {r['step_ms']:7.2f} ms gap {r['gap']:.3f} peak "
                           f"{r['peak_gib']:.2f} GiB ckpt {r['checkpoint_blocks']} "
                           f"RSS {result['peak_rss_gib']:.2f} GiB", flush=True)
+                old, new = result["new"], result.get("reduced")
+                if new is not None and "error" not in new and "error" not in old:
+                    print(f"{name:12} {mesh_text:6} {fraction:4.2f}x reduced/new: total "
+                          f"{new['total_s'] / old['total_s']:.2f}x (after tracing "
+                          f"{_untraced(new) / _untraced(old):.2f}x), edge vars "
+                          f"{new['edge_variables'] / max(old['edge_variables'], 1):.2f}x, step "
+                          f"{new['step_ms'] / old['step_ms']:.4f}x", flush=True)
     sys.stdout.flush()
 
 

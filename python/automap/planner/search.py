@@ -121,6 +121,7 @@ def plan(
     verify: bool = True,
     exact_columns: float = EXACT_COLUMNS,
     mixed_precision: MixedPrecision | str | None = None,
+    reduce_formulation: bool = False,
     verbose: bool = False,
 ) -> Plan:
     """Search the intra-op sharding plan of ``model`` on ``mesh`` (a
@@ -138,7 +139,10 @@ def plan(
 
     ``exact_columns``: budgeted ILPs of up to this many columns are solved
     exactly, larger ones by LP dives (``math.inf``: always exactly; see
-    ``automap.solve.ilp.ShardingIlp``).
+    ``automap.solve.ilp.ShardingIlp``). ``reduce_formulation=True``: the
+    ILP with the reduction stage's multi-input followers
+    (``automap.solve.reduce``; half the edge variables, but it can lose the
+    plans of tight budgets).
 
     ``mixed_precision`` (None, ``"bf16"``, ``"fp16"`` or ``automap.MixedPrecision``):
     plan the step as it runs under ``torch.autocast`` in that dtype with float32
@@ -187,7 +191,7 @@ def plan(
                       merge_followers=merge_followers, tie_blocks=tie_blocks or bool(stacks),
                       stacks=stacks, strategy_filter=strategy_filter, trace_s=t1 - t0,
                       checkpointing=checkpointing, verify=verify, verbose=verbose,
-                      exact_columns=exact_columns)
+                      exact_columns=exact_columns, reduce_formulation=reduce_formulation)
     found.inputs = describe_inputs(example_inputs)
     return found
 
@@ -213,7 +217,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 time_limit_s=60.0, merge_followers=True, tie_blocks=True, stacks=(),
                 strategy_filter=None, trace_s=0.0, verbose=False, checkpointing="auto",
                 ladder_alpha=LADDER_ALPHA, ladder_steps=LADDER_STEPS, verify=True,
-                backend=None, exact_columns=EXACT_COLUMNS) -> Plan:
+                backend=None, exact_columns=EXACT_COLUMNS, reduce_formulation=False) -> Plan:
     """``plan`` for an already traced and profiled graph, priced on ``device``
     (default: the given speeds, the rest measured on this process's device).
     ``exact_columns``: ILPs up to this many columns are solved exactly under
@@ -248,7 +252,8 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         return ShardingIlp(table, time_limit_s=time_limit_s, mip_rel_gap=MIP_REL_GAP,
                            merge_followers=merge_followers,
                            blocks=blocks, node_weight=node_weight, edge_weight=edge_weight,
-                           optimizer=optimizer, exact_columns=exact_columns)
+                           optimizer=optimizer, exact_columns=exact_columns,
+                           reduce_formulation=reduce_formulation)
 
     # Solutions are memoised per instance (which keeps them alive): each is reported once.
     reported: weakref.WeakKeyDictionary[ShardingIlp, set[int]] = weakref.WeakKeyDictionary()

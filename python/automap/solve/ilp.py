@@ -6,8 +6,10 @@
   resharding cost, with marginal equalities to both sides' choices; that
   keeps the LP relaxation tight and the edge count far below strategy pairs.
   An edge with one distinct spec on a side folds into the other side's costs.
-- Followers (single-input nodes) ride on their producer's choice unless
-  ``merge_followers=False``: Alpa's reduction, far fewer variables.
+- Followers (single-input nodes; with ``reduce_formulation`` elementwise
+  nodes of several inputs too) ride on a producer's choice unless
+  ``merge_followers=False``: Alpa's reduction, far fewer variables
+  (``automap.solve.reduce``).
 - Repeated blocks (TAP) share the first instance's variables, so the
   problem does not grow with depth; boundary edges stay exact.
 - Objective: estimated step time in seconds (compute + node collectives +
@@ -43,6 +45,7 @@ from automap.solve.memory import (
     timeline,
     waiting_gradient_bytes,
 )
+from automap.solve.reduce import groups
 from automap.solve.shared_gradients import STATE_KINDS
 from automap.solve.strategies import ShardCounts, StrategyTable
 
@@ -234,9 +237,12 @@ class ShardingIlp:
 
     ``merge_followers`` shrinks the problem by letting single-input nodes read
     their producer's output as is (a restriction: exact optimality needs it
-    off). ``blocks`` (from ``automap.solve.blocks.detect_blocks``) ties every
-    instance of a repeated block to the first: one set of variables, costs
-    summed over the instances. ``node_weight`` and ``edge_weight`` say how
+    off); ``reduce_formulation=True`` lets elementwise nodes of several
+    inputs follow one producer too (``automap.solve.reduce``; off by default:
+    it loses plans under tight budgets). ``blocks`` (from
+    ``automap.solve.blocks.detect_blocks``) ties every instance of a
+    repeated block to the first: one set of variables, costs summed over
+    the instances. ``node_weight`` and ``edge_weight`` say how
     often a node or an edge occurs in the real model (depth-reduced planning,
     see ``automap.solve.depth``)."""
 
@@ -244,16 +250,16 @@ class ShardingIlp:
                  mip_rel_gap: float = 1e-6, merge_followers: bool = True,
                  blocks: list | None = None, node_weight: dict[str, float] | None = None,
                  edge_weight: dict[tuple, float] | None = None,
-                 optimizer: str = "adamw", exact_columns: float = EXACT_COLUMNS) -> None:
+                 optimizer: str = "adamw", exact_columns: float = EXACT_COLUMNS,
+                 reduce_formulation: bool = False) -> None:
         self.table = table
         self.time_limit_s, self.mip_rel_gap = float(time_limit_s), float(mip_rel_gap)
         self.optimizer = optimizer
         self.exact_columns = exact_columns
         self.node_weight, self.edge_weight = node_weight or {}, edge_weight or {}
-        self.root, self.index = _groups(table, merge_followers, _tie_map(table, blocks or []))
-        self.members: dict[str, list[str]] = {}
-        for name in table.nodes:
-            self.members.setdefault(self.root[name], []).append(name)
+        reduced = groups(table, merge_followers=merge_followers, blocks=blocks,
+                         reduce_formulation=reduce_formulation)
+        self.root, self.index, self.members = reduced.root, reduced.index, reduced.members
         self._unconstrained: _Model | None = None
         self._budgeted: _Model | None = None
         self._solutions: dict[float | None, IlpSolution] = {}
@@ -937,52 +943,6 @@ _FORBIDDEN_S = 1e3
 
 def _in_place(op: str) -> bool:
     return op.endswith("_") and not op.startswith("_")
-
-
-def _tie_map(table: StrategyTable, blocks) -> dict[str, str]:
-    """Node of a later block instance -> the corresponding node of the first,
-    where both have the same strategies (same shapes, same signature)."""
-    tie: dict[str, str] = {}
-    for block in blocks:
-        first = block.instances[0]
-        for instance in block.instances[1:]:
-            for rep, name in zip(first, instance):
-                a, b = table.nodes.get(rep), table.nodes.get(name)
-                if (a is not None and b is not None and a.in_specs == b.in_specs
-                        and a.out_specs == b.out_specs):
-                    tie[name] = rep
-    return tie
-
-
-def _groups(table: StrategyTable, merge_followers: bool, tie: dict[str, str]):
-    """Each node's root (the node whose variables decide it) and, per strategy
-    of the root, the node's strategy. Tied block nodes take their first
-    instance's; followers (Alpa's merging) take the strategy that reads their
-    producer's output as it is: a node with one tensor input whose strategies
-    differ only by that input's spec."""
-    root: dict[str, str] = {}
-    index: dict[str, np.ndarray] = {}
-    for name, node in table.nodes.items():
-        root[name], index[name] = name, np.arange(len(node))
-        rep = tie.get(name)
-        if rep is not None:
-            root[name], index[name] = root[rep], index[rep]
-            continue
-        if (not merge_followers or len(node) < 2 or len(node.inputs) != 1
-                or node.kind not in ("einsum", "view")):
-            continue
-        producer, o = node.inputs[0]
-        by_spec: dict[str, int] = {}
-        for t, specs in enumerate(node.in_specs):
-            if specs[0] in by_spec:
-                break
-            by_spec[specs[0]] = t
-        else:
-            produced = [table.nodes[producer].out_specs[i][o] for i in index[producer]]
-            if all(spec in by_spec for spec in produced):
-                root[name] = root[producer]
-                index[name] = np.array([by_spec[spec] for spec in produced])
-    return root, index
 
 
 def _quiet(make):
