@@ -42,6 +42,15 @@ def make_plan(kind: str, model, inputs, loss_fn, mesh: DeviceMesh) -> Plan:
         return solve_plan(model, inputs, mesh, loss_fn=loss_fn, **FAST)
     if kind == "solver_slow":
         return solve_plan(model, inputs, mesh, loss_fn=loss_fn, **speeds(1e6))
+    if kind == "fsdp_budget":
+        # Within 60 % of the data-parallel plan's peak, on a CPU-like device (the
+        # optimizer step moves its state at 1 GB/s: on a shard it is 4x faster),
+        # the plan stores parameters split over the batch's axes (gather_shard).
+        dp_kind = "dp_tokens" if isinstance(inputs, dict) else "dp"
+        dp = forced_plan(model, inputs, loss_fn, mesh, **FORCED[dp_kind](mesh))[1]
+        return solve_plan(model, inputs, mesh, 0.6 * dp.predicted_peak_memory_bytes,
+                          loss_fn=loss_fn, flops_per_s=1e9, memory_bandwidth_bytes_per_s=1e9,
+                          op_overhead_s=1e-6)
     return forced_plan(model, inputs, loss_fn, mesh, **FORCED[kind](mesh))[1]
 
 
