@@ -32,7 +32,6 @@ import numpy as np
 
 from automap.errors import InfeasibleBudgetError, SolverTimeLimitError
 from automap.sharding.layout import resharding_cost_matrix
-from automap.solve.fsdp import fused_delta_matrix, parameter_grad_axes
 from automap.solve.memory import (
     edge_memory,
     estimate_memory,
@@ -612,21 +611,10 @@ class ShardingIlp:
             b_specs = [nodes[consumer].in_specs[i][k] for i in index[consumer]]
             if ru == rv and a_specs == b_specs:
                 continue  # a follower reads its producer's output as it is
-            # A parameter's consumer side is its spec and gradient axes (the fused
-            # gather of sharded data parallelism depends on both: solve/fsdp.py).
-            grad_axes = parameter_grad_axes(table, producer, consumer, k, index[consumer])
-            if grad_axes is not None:
-                b_specs = [f"{s}|{','.join(map(str, g))}" for s, g in zip(b_specs, grad_axes)]
             ua, a_idx = np.unique(a_specs, return_inverse=True)
             ub, b_idx = np.unique(b_specs, return_inverse=True)
-            ub_axes = [tuple(int(a) for a in u.split("|")[1].split(",") if a) for u in ub] \
-                if grad_axes is not None else None
-            ub = np.array([u.split("|")[0] for u in ub], dtype=ub.dtype)
             info = nodes[producer].outputs[o]
             r = resharding_cost_matrix(table.mesh, list(ua), list(ub), info.shape, info.dtype_bytes)
-            if ub_axes is not None:
-                r = r + fused_delta_matrix(table.mesh, ua, ub, ub_axes, info.shape,
-                                           info.dtype_bytes)
             r = r * ew.get((producer, o, consumer, k), 1.0)
             if k == 0 and _in_place(nodes[consumer].op):
                 # The op writes into this input: it must arrive as produced.
