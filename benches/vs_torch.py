@@ -23,7 +23,9 @@ runner: the median step time (forward, backward, optimizer step) after
 tensor bytes per rank during one step (``trust_workers.measure_training``: what is
 live between steps plus the CPU allocator's running total from the profiler's memory
 events); for automap its plan's predicted step time and peak. Printed as one table
-with automap's ratios to DDP and FSDP2, and written as JSON (``--out``, else a
+with automap's ratios to DDP and FSDP2 (plan: its kind, ``Nfs`` the parameter
+reads gathered from their shard by ``gather_shard``, i.e. sharded data
+parallelism, ``+Nck`` checkpoint blocks), and written as JSON (``--out``, else a
 temporary folder).
 
     python benches/vs_torch.py
@@ -68,7 +70,7 @@ def summarise(per_rank: list[dict[str, dict]]) -> dict[str, dict]:
                "loss": sum(r["loss"] for r in records) / len(records)}
         for key in ("setup_s", "plan_kind", "predicted_step_s", "predicted_peak_bytes",
                     "budget_bytes", "memory_binding", "checkpoint_blocks", "device",
-                    "links", "local_parameter_bytes"):
+                    "links", "local_parameter_bytes", "fsdp_gathers"):
             if key in records[0]:
                 row[key] = records[0][key]
         rows[name] = row
@@ -119,8 +121,9 @@ def table(rows: dict[str, dict]) -> str:
         step = f"{row['step_s']:.3f}" if row["step_s"] is not None else "-"
         cells = f"{name:<21}{row['loss']:>8.4f}{step:>8}{peaks:>26}"
         if "predicted_step_s" in row:
-            kind = row["plan_kind"] + (f"+{row['checkpoint_blocks']}ck"
-                                       if row["checkpoint_blocks"] else "")
+            kind = row["plan_kind"] + (f" {row['fsdp_gathers']}fs" if row.get("fsdp_gathers")
+                                       else "") + (f"+{row['checkpoint_blocks']}ck"
+                                                   if row["checkpoint_blocks"] else "")
             cells += (f"{row['predicted_step_s']:>8.3f}{row['predicted_peak_bytes'] / MIB:>9.1f}"
                       f"{kind:>19}")
             for ref in (ddp, fsdp):

@@ -163,7 +163,9 @@ def run_automap(rank: int, world: int, setup: Setup, budget_bytes: float | None,
                   "device": dict(plan.cost_constants),
                   "links": {"alpha_s": plan.mesh.alpha_s,
                             "bandwidth_bytes_per_s": plan.mesh.bandwidth_bytes_per_s},
-                  "local_parameter_bytes": module.local_parameter_bytes()}
+                  "local_parameter_bytes": module.local_parameter_bytes(),
+                  # parameter reads gathered from their shard (FSDP/ZeRO-3, gather_shard)
+                  "fsdp_gathers": module.code.count("gather_shard(")}
 
 
 def plan_kind(module) -> str:

@@ -32,7 +32,7 @@ from speeds import FAST, speeds
 BUCKET_BYTES = 4096
 COLLECTIVE_NAMES = ("all_reduce_sum", "reduce_scatter_dim", "all_gather_dim", "split_dim",
                     "all_to_all_dims", "identity_all_reduce_grad", "vocab_parallel_embedding",
-                    "take_shard", "loss_denominator")
+                    "take_shard", "loss_denominator", "gather_shard")
 
 
 def make_plan(kind: str, model, inputs, loss_fn, mesh: DeviceMesh) -> Plan:
@@ -42,6 +42,15 @@ def make_plan(kind: str, model, inputs, loss_fn, mesh: DeviceMesh) -> Plan:
         return solve_plan(model, inputs, mesh, loss_fn=loss_fn, **FAST)
     if kind == "solver_slow":
         return solve_plan(model, inputs, mesh, loss_fn=loss_fn, **speeds(1e6))
+    if kind == "fsdp_budget":
+        # Within 60 % of the data-parallel plan's peak, on a CPU-like device (the
+        # optimizer step moves its state at 1 GB/s: on a shard it is 4x faster),
+        # the plan stores parameters split over the batch's axes (gather_shard).
+        dp_kind = "dp_tokens" if isinstance(inputs, dict) else "dp"
+        dp = forced_plan(model, inputs, loss_fn, mesh, **FORCED[dp_kind](mesh))[1]
+        return solve_plan(model, inputs, mesh, 0.6 * dp.predicted_peak_memory_bytes,
+                          loss_fn=loss_fn, flops_per_s=1e9, memory_bandwidth_bytes_per_s=1e9,
+                          op_overhead_s=1e-6)
     return forced_plan(model, inputs, loss_fn, mesh, **FORCED[kind](mesh))[1]
 
 
@@ -78,7 +87,28 @@ FORCED = {
         "ops": {"scaled_dot_product_attention": lambda ins, outs: ins[0] == "S0S1RR",
                 **{f"linear{i}": lambda ins, outs: ins[:2] == ("S0RR", "S1R")
                    for i in ("", "_1", "_2")}}},
+    # Sharded data parallelism (FSDP/ZeRO-3): parameters stored split over the
+    # batch's axes, read whole by every linear (gathered; gradients reduce-scattered).
+    "fsdp": lambda mesh: {
+        "params": {r"fc\d\.weight": _dp_axes("S{}R", mesh), r"fc\d\.bias": _dp_axes("S{}", mesh),
+                   r"head\.weight": _dp_axes("RS{}", mesh)},
+        "inputs": {"args_0": BATCH},
+        "ops": {f"linear{i}": _reads_whole_weight for i in ("", "_1", "_2")}},
+    # Hybrid: parameters split over axis 0 only, the batch over both axes (the
+    # gradient reduce-scattered over axis 0, all-reduced over axis 1 on the shard).
+    "fsdp_hybrid": lambda mesh: {
+        "params": {r"fc\d\.weight": "S0R", r"fc\d\.bias": "S0", r"head\.weight": "RS0"},
+        "inputs": {"args_0": BATCH},
+        "ops": {f"linear{i}": _reads_whole_weight for i in ("", "_1", "_2")}},
 }
+
+
+def _dp_axes(pattern: str, mesh) -> str:
+    return pattern.format("".join(str(a) for a in range(mesh.ndim)))
+
+
+def _reads_whole_weight(ins, outs) -> bool:
+    return ins[0] != "RR" and ins[1] == "RR"
 
 
 def expected_parameter_bytes(traced, plan: Plan) -> int:

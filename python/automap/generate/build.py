@@ -19,8 +19,14 @@ from automap.generate.checkpoint import ORIGIN
 from automap.generate.comm import Emitter
 from automap.generate.ops import take_shard
 from automap.generate.state import StateShard, local_bounds
-from automap.sharding.collectives import identity_all_reduce_grad, split_dim
+from automap.sharding.collectives import (
+    all_gather_dim,
+    gather_shard,
+    identity_all_reduce_grad,
+    split_dim,
+)
 from automap.sharding.spec import ShardingSpec
+from automap.solve.fsdp import fused_gather
 from automap.solve.signatures import op_family, signature, written_args
 
 _BIAS_OPS = {"linear": 2, "addmm": 0, "baddbmm": 0, "conv1d": 2, "conv2d": 2, "conv3d": 2,
@@ -202,9 +208,13 @@ class _Pass:
                 return self.env[a.name]  # sources read only dtype/device from tensors
             if position < len(refs) and refs[position] == a.name:
                 k, position = position, position + 1
-                value = self.convert(a, node_plan.inputs[k])
                 grads = node_plan.grad_reduce_axes
-                return self.reduce_grad(a, value, grads[k] if k < len(grads) else [])
+                axes = grads[k] if k < len(grads) else []
+                fused = self.gather_parameter(a, node_plan.inputs[k], axes)
+                if fused is not None:
+                    return fused
+                value = self.convert(a, node_plan.inputs[k])
+                return self.reduce_grad(a, value, axes)
             return self.convert(a, "R" * _tensor_val(a).dim())
 
         args, kwargs = pytree.tree_map_only(fx.Node, local, (node.args, node.kwargs))
@@ -221,6 +231,27 @@ class _Pass:
         if key not in self.shared_grad:
             self.shared_grad[key] = self.em.reduce_grad(value, axes)
         return self.shared_grad[key]
+
+    def gather_parameter(self, param: fx.Node, dst: str, grad_axes) -> fx.Node | None:
+        """A trainable parameter stored split over axes its use reduces the gradient
+        over (sharded data parallelism, ``automap.solve.fsdp``): gathered by fused
+        ops whose backward reduce-scatters the gradient into the shard, the
+        gradient axes not gathered all-reduced on the shard; None where the rule
+        does not apply (the conversion and ``reduce_grad`` run)."""
+        state = self.traced.state_of(param.name)
+        if state is None or state.kind != "parameter" or not state.requires_grad:
+            return None
+        path = fused_gather(self.mesh, self.spec_of(param), dst, list(_tensor_val(param).shape),
+                            _dtype_bytes(param), grad_axes)
+        if path is None:
+            return None
+        gathered = {step.axis for step in path.steps}
+        x = self.em.reduce_grad(self.env[param.name],
+                                [a for a in grad_axes if a not in gathered])
+        for step in path.steps:
+            op = gather_shard if step.axis in grad_axes else all_gather_dim
+            x = self.em.call(op, x, step.dim, self.em.group((step.axis,)))
+        return x
 
     def check_in_place(self, node: fx.Node, args: tuple, kwargs: dict) -> None:
         """An in-place op must mutate the tensor itself, not a converted copy, when the

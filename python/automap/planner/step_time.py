@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from automap.sharding.collectives import DEFAULT_BUCKET_BYTES
+from automap.solve.fsdp import fused_backward_delta_s, parameter_grad_axes
 from automap.solve.shared_gradients import table_shared_gradients
 from automap.solve.strategies import ShardCounts
 
@@ -166,7 +167,13 @@ def step_time(profile, table, choice, node_weight=None, edge_weight=None, checkp
     for edge, _, _, path in table.conversions(choice):
         consumer, w = edge[2], edge_weight.get(edge, 1.0)
         into_fwd[consumer] = into_fwd.get(consumer, 0.0) + w * path.forward_cost_s
-        into_bwd[consumer] = into_bwd.get(consumer, 0.0) + w * path.backward_cost_s
+        backward_s = path.backward_cost_s
+        grad_axes = parameter_grad_axes(table, edge[0], consumer, edge[3], [choice[consumer]])
+        if grad_axes is not None:  # a sharded parameter's gather, fused (solve/fsdp.py)
+            info = table.nodes[edge[0]].outputs[edge[1]]
+            backward_s += fused_backward_delta_s(mesh, str(path.src), str(path.dst), info.shape,
+                                                 info.dtype_bytes, grad_axes[0])
+        into_bwd[consumer] = into_bwd.get(consumer, 0.0) + w * backward_s
         into_once[consumer] = into_once.get(consumer, 0.0) + path.forward_cost_s
 
     buckets, first_use = gradient_buckets(table, choice, node_weight, bucket_bytes)

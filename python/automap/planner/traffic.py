@@ -6,7 +6,8 @@ or per-axis steps).
 
 A step's bytes are what each device sends in it under the ring formulas
 (``(n-1)/n`` of the buffer for an all-gather, reduce-scatter or all-to-all,
-twice that for an all-reduce, the buffer for a broadcast); a flat ring over
+twice that for an all-reduce, the buffer for a broadcast; a sharded parameter's
+gather carries its gradient's reduce-scatter back, ``automap.solve.fsdp``); a flat ring over
 several axes crosses the links of each, so its bytes count on every one of
 them. Depth-reduced plans count each traced block once."""
 
@@ -17,6 +18,7 @@ import math
 from automap.planner.plan import Plan
 from automap.sharding.layout import layout_path
 from automap.sharding.spec import ShardingSpec
+from automap.solve.fsdp import fused_gather
 from automap.solve.shared_gradients import plan_readings, shared_gradients
 
 _RING_SHARE = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0, "all_reduce": 2.0}
@@ -53,6 +55,18 @@ def collective_bytes_per_axis(plan: Plan) -> list[float]:
     shares = shared_gradients(plan_readings(plan), lambda spec: ShardingSpec.parse(spec)
                               .shard_count(mesh))
     sharing = {reader for group in shares for reader in group.readers[1:]}
+    # Parameter reads the generator gathers by gather_shard (automap.solve.fsdp):
+    # (consumer, input) -> the gradient axes, and the gather's steps.
+    fused, fused_paths = {}, {}
+    for e in plan.edges:
+        if plan.nodes[e.producer].kind != "parameter":
+            continue
+        grads = plan.nodes[e.consumer].grad_reduce_axes
+        axes = grads[e.input_index] if e.input_index < len(grads) else []
+        path = fused_gather(mesh, e.src, e.dst, e.shape, e.dtype_bytes, axes)
+        if path is not None:
+            fused[(e.consumer, e.input_index)] = tuple(axes)
+            fused_paths[(e.consumer, e.input_index)] = path.steps
     for node in plan.nodes.values():
         partial = node.partial_axes
         for o, spec in enumerate(node.outputs):
@@ -67,16 +81,25 @@ def collective_bytes_per_axis(plan: Plan) -> list[float]:
                 carry("reduce_scatter", before, partial)
                 carry("all_gather", before, partial)  # its dual, in the backward
         for i, axes in enumerate(node.grad_reduce_axes):
-            if axes and (node.name, i) in read and (node.name, i) not in sharing:
+            if axes and (node.name, i) in read and (node.name, i) not in sharing \
+                    and (node.name, i) not in fused:
                 carry("all_reduce", local(read[(node.name, i)], node.inputs[i]), axes)
     for e in plan.edges:
         if not e.steps:
             continue
         total = math.prod(e.shape) * e.dtype_bytes
+        grad_axes = fused.get((e.consumer, e.input_index), ())
+        if grad_axes:  # the gathered axes' gradient reduce-scattered, the rest all-reduced
+            rest = [a for a in grad_axes if a not in {step.axis for step in
+                                                      fused_paths[(e.consumer, e.input_index)]}]
+            if rest:
+                carry("all_reduce", local(total, e.src), rest)
         for step in layout_path(mesh, e.src, e.dst, e.shape, e.dtype_bytes).steps:
             n = mesh.shape[step.axis]
             before = total / step.before.shard_count(mesh)
-            if step.kind == "all_gather":  # forward gather (the backward split is local)
+            if step.kind == "all_gather" and step.axis in grad_axes:
+                per_axis[step.axis] += 2 * _sent_bytes("all_gather", before * n, n)
+            elif step.kind == "all_gather":  # forward gather (the backward split is local)
                 per_axis[step.axis] += _sent_bytes("all_gather", before * n, n)
             elif step.kind == "shard":  # backward gather of the gradient
                 per_axis[step.axis] += _sent_bytes("all_gather", before, n)

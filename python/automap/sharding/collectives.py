@@ -7,6 +7,7 @@
     all_reduce_sum    <-> identity
     identity_fwd      <-> all_reduce_sum (of the gradient)
     reduce_scatter_dim <-> all_gather_dim
+    gather_shard      <-> reduce_scatter_dim (of a partial gradient: FSDP/ZeRO)
 
 A tensor replicated along an axis has the same gradient on every replica, so
 the dual of a gather is a local split. Shards are ordered by shard index
@@ -413,6 +414,25 @@ class _ReduceScatterDim(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return _finish(_gather(grad, ctx.dim, ctx.g)), None, None
+
+
+class _GatherShard(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, g):
+        ctx.dim, ctx.g = dim, g
+        return _finish(_gather(x, dim, g))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _finish(_reduce_scatter(grad.contiguous(), ctx.dim, ctx.g)), None, None
+
+
+def gather_shard(x: torch.Tensor, dim: int, group: AxisGroup) -> torch.Tensor:
+    """A parameter stored sharded along ``dim`` over the group (FSDP/ZeRO-3),
+    gathered for its use; the use's gradient, partial over the same group (the
+    batch is split there), is reduce-scattered straight into the shard: half the
+    traffic of all-reducing it and then keeping the own shard."""
+    return _GatherShard.apply(x, dim, group)
 
 
 def all_gather_dim(x: torch.Tensor, dim: int, group: AxisGroup) -> torch.Tensor:
