@@ -149,6 +149,11 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int],
     return _repeat_stages(chain, repeats) if repeats else chain
 
 
+def _stage_positions(chain: Chain, line) -> list[list[int]]:
+    """Per stage, the timeline positions of its nodes (those the memory model follows)."""
+    return [[line.position[n] for n in stage if n in line.position] for stage in chain.stages]
+
+
 def _forward_overheads(chain: Chain, table, choice, line, mem) -> list[int]:
     """Per stage, what its forward needs beyond what the rotor counts there. A
     forward that saves counts the stage's whole saved set with the overhead, one
@@ -161,8 +166,7 @@ def _forward_overheads(chain: Chain, table, choice, line, mem) -> list[int]:
     base = mem.state_bytes + mem.input_bytes
     saved_before = np.concatenate(([0], np.cumsum(chain.saved_bytes)[:-1]))
     out = []
-    for k, stage in enumerate(chain.stages):
-        positions = [line.position[n] for n in stage if n in line.position]
+    for k, positions in enumerate(_stage_positions(chain, line)):
         if not positions:
             out.append(0)
             continue
@@ -186,8 +190,7 @@ def _backward_overheads(chain: Chain, table, choice, line, mem) -> list[int]:
     later_grads = np.cumsum(chain.param_grad_bytes[::-1])[::-1].tolist() + [0]
     saved_so_far = np.cumsum(chain.saved_bytes)
     out = []
-    for k, stage in enumerate(chain.stages):
-        positions = [line.position[n] for n in stage if n in line.position]
+    for k, positions in enumerate(_stage_positions(chain, line)):
         if not positions:
             out.append(0)
             continue

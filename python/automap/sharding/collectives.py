@@ -416,11 +416,8 @@ class _ReduceScatterDim(torch.autograd.Function):
         return _finish(_gather(grad, ctx.dim, ctx.g)), None, None
 
 
-class _GatherShard(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim, g):
-        ctx.dim, ctx.g = dim, g
-        return _finish(_gather(x, dim, g))
+class _GatherShard(_AllGatherDim):
+    """An all-gather whose backward reduce-scatters the gradient into the shard."""
 
     @staticmethod
     def backward(ctx, grad):
