@@ -298,7 +298,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         if budget is None or mode == "off":
             return package(solver(instance)(budget))
         return _two_stage(traced, profile, table, budget, solver(instance), instance.could_fit,
-                          package, mode, ladder_alpha, ladder_steps, verbose, repeats, leanest)
+                          package, mode, ladder_alpha, ladder_steps, repeats, leanest)
 
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     verify = verify and not stacks  # a depth-reduced plan is not generated: no simulation
@@ -320,7 +320,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
 
     if memory_budget_bytes is None:
         return simulated(search(None))
-    found = _verified_search(search, simulated, memory_budget_bytes, verbose)
+    found = _verified_search(search, simulated, memory_budget_bytes)
     if checkpointing == "auto" and ilp.could_fit(memory_budget_bytes):
         # The two-stage search is verified along another path than the ILP
         # alone: keep the faster of both, so auto is never slower than off.
@@ -337,8 +337,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
 
         try:
             plain = _verified_search(lambda b, fresh=False: search(b, "off", fresh),
-                                     simulated_if_faster,
-                                     memory_budget_bytes, verbose)
+                                     simulated_if_faster, memory_budget_bytes)
         except (InfeasibleBudgetError, _NotFaster):
             return found
         if plain.predicted_step_s < found.predicted_step_s:
@@ -364,7 +363,7 @@ def _with_headroom(peak_bytes: float) -> float:
     return peak_bytes * (1 + HEADROOM)
 
 
-def _verified_search(search, simulated, budget: float, verbose: bool) -> Plan:
+def _verified_search(search, simulated, budget: float) -> Plan:
     """The fastest plan the model-based ``search`` finds whose simulated step
     fits ``budget``. The search runs against a model budget corrected by each
     plan's simulated/modelled ratio; the leanest plan (the model's least,
@@ -432,7 +431,7 @@ def _rung(budget) -> str:
 
 
 def _two_stage(traced, profile, table, budget, solve, could_fit, package, checkpointing, alpha,
-               steps, verbose, repeats, leanest_plan) -> Plan:
+               steps, repeats, leanest_plan) -> Plan:
     """MAP's two-stage search (section 5.3): intra-op plans for a ladder of
     looser budgets, each made to fit the real ``budget`` by the rotor
     checkpointing DP; the fastest combination wins. The unconstrained (fastest)

@@ -92,8 +92,6 @@ class _GlooWork:
     #: bare GIL hand-overs, then short sleeps, which also let a busy machine
     #: schedule the thread.
     MAX_WAIT_S = 0.2
-    #: Waits that ended at MAX_WAIT_S with a tensor still held (a diagnostic).
-    late_releases = 0
 
     def __init__(self, work, tensors, counts) -> None:
         self.work = work
@@ -110,16 +108,13 @@ class _GlooWork:
         tensors = [t for t, _ in self.tensors]
         self.work = None  # ours; the worker thread may still hold the work
         deadline, tries = time.perf_counter() + self.MAX_WAIT_S, 0
-        while True:
+        while time.perf_counter() < deadline:
             # Released when every tensor is back to its counts before the launch.
             # Nothing weaker will do: the references gloo holds go in several
             # steps (the completed future's value, a temporary around it, the
             # work's tensor lists), an all-gather's input before its output.
             if all(u <= u0 and s <= s0
                    for (u, s), (_, (u0, s0)) in zip(self.counts(tensors), self.tensors)):
-                break
-            if time.perf_counter() >= deadline:
-                _GlooWork.late_releases += 1
                 break
             tries += 1
             time.sleep(0 if tries < 100 else 1e-4)
