@@ -16,6 +16,7 @@ import torch
 
 from automap.checkpoint.record import CheckpointPlan
 from automap.errors import AutomapError, InvalidPlanError, StalePlanError
+from automap.planner.pipeline_record import PipelineRecord
 from automap.planner.validate import (
     SCHEMA_VERSION,
     check_against_graph,
@@ -101,6 +102,8 @@ class Plan:
     memory_timeline: dict | None = None
     #: The ``MixedPrecision`` the plan's graph computes in (None: the model's dtypes).
     mixed_precision: MixedPrecision | None = None
+    #: Pipeline stages (issue 18; None: one stage, the whole mesh runs every node).
+    pipeline: PipelineRecord | None = None
 
     # Serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -130,6 +133,8 @@ class Plan:
             data["memory_timeline"] = self.memory_timeline
         if self.mixed_precision is not None:  # absent otherwise: older plans read alike
             data["mixed_precision"] = self.mixed_precision.to_dict()
+        if self.pipeline is not None:  # absent otherwise: older plans read alike
+            data["pipeline"] = self.pipeline.to_dict()
         # Through JSON once, so the hash sees what a reader will (lists, not tuples).
         data = json.loads(json.dumps(data))
         data["content_fingerprint"] = content_fingerprint(data)
@@ -176,6 +181,7 @@ class Plan:
             memory_timeline=data.get("memory_timeline"),
             mixed_precision=(MixedPrecision.from_dict(data["mixed_precision"])
                              if data.get("mixed_precision") is not None else None),
+            pipeline=PipelineRecord.from_dict(data.get("pipeline")),
         )
         check_consistency(plan)
         return plan

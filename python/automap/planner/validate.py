@@ -42,6 +42,12 @@ CHECKPOINT_FIELDS = {"stages": "names_list", "blocks": list, "activation_budget_
                      "persistent_bytes": "index", "predicted_activation_peak_bytes": "index",
                      "recompute_s": "seconds", "ilp_budget_bytes": "bytes?",
                      "timeline": "timeline"}
+PIPELINE_FIELDS = {"mesh": dict, "submesh_shape": list, "microbatches": "index",
+                   "schedule": str, "stages": list, "predicted_step_s": "seconds",
+                   "send_s": list, "intra_op_step_s": "seconds?"}
+PIPELINE_STAGE_FIELDS = {"index": "index", "first_node": str, "last_node": str, "ranks": list,
+                         "predicted_forward_s": "seconds", "predicted_backward_s": "seconds",
+                         "predicted_peak_memory_bytes": "bytes"}
 TOP_FIELDS = {"schema_version": "index", "versions": dict, "graph_fingerprint": str,
               "content_fingerprint": str, "mesh": dict, "cost_constants": dict,
               "solver": "solver",
@@ -55,7 +61,8 @@ TOP_FIELDS = {"schema_version": "index", "versions": dict, "graph_fingerprint": 
 #: before they existed load, with the same content fingerprint): the simulated
 #: step's memory over time, the mixed-precision setting.
 OPTIONAL_TOP_FIELDS = {"memory_timeline": "memory_timeline?",
-                       "mixed_precision": "mixed_precision?"}
+                       "mixed_precision": "mixed_precision?",
+                       "pipeline": "pipeline?"}
 INPUT_FORMS = ("tensor", "sequence", "dict")
 
 
@@ -166,6 +173,10 @@ def _check_value(where: str, value, kind) -> None:
         _check_inputs(where, value)
     elif kind == "mixed_precision":
         _check_mixed_precision(where, value)
+    elif kind == "pipeline":
+        _check_record(where, value, PIPELINE_FIELDS)
+        for i, stage in enumerate(value["stages"] if isinstance(value["stages"], list) else ()):
+            _check_record(f"{where}.stages[{i}]", stage, PIPELINE_STAGE_FIELDS)
     else:  # pragma: no cover - the tables above name only the kinds handled here
         raise AssertionError(kind)
 
