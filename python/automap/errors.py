@@ -20,6 +20,11 @@ class LimitExceededError(InvalidArgumentError):
     message names the cap."""
 
 
+class InvalidPipelineError(InvalidArgumentError):
+    """Pipeline arguments that cannot work: microbatches that do not divide the
+    batch, more stages than layers or devices, an unknown schedule."""
+
+
 class InvalidSpecError(AutomapError, ValueError):
     """A sharding spec that cannot be parsed or does not fit a tensor and mesh."""
 
