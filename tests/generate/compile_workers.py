@@ -10,14 +10,18 @@ import torch
 import automap
 from automap.api import apply
 from forced_plans import forced_plan
+from generate_workers import FORCED
 from serial import build
 
 STEPS = 3
 #: Megatron's MLP (fc1 by columns, fc2 by rows: a partial sum all-reduced in the
-#: graph, gradients all-reduced in the backward), and data parallelism (the batch
-#: split, gradients all-reduced in buckets outside the graph).
-PLANS = {"megatron": ({r"fc1\.weight": "S0R", r"fc1\.bias": "S0", r"fc2\.weight": "RS0"}, None),
-         "data_parallel": ({}, {"args_0": "S0R"})}
+#: graph, gradients all-reduced in the backward), data parallelism (the batch
+#: split, gradients all-reduced in buckets outside the graph), and sharded data
+#: parallelism (parameters gathered in the graph, gradients reduce-scattered).
+PLANS = {"megatron": lambda mesh: {"params": {r"fc1\.weight": "S0R", r"fc1\.bias": "S0",
+                                              r"fc2\.weight": "RS0"}},
+         "data_parallel": lambda mesh: {"params": {}, "inputs": {"args_0": "S0R"}},
+         "fsdp": FORCED["fsdp"]}
 
 
 def _train(module, inputs) -> list[float]:
@@ -36,9 +40,8 @@ def compiled_against_eager(rank: int, world: int, plan_name: str, backend: str) 
     import torch._dynamo
 
     model, inputs, loss_fn = build("mlp")
-    params, input_specs = PLANS[plan_name]
-    _, plan = forced_plan(model, inputs, loss_fn, automap.DeviceMesh((world,)), params=params,
-                          inputs=input_specs)
+    mesh = automap.DeviceMesh((world,))
+    _, plan = forced_plan(model, inputs, loss_fn, mesh, **PLANS[plan_name](mesh))
     eager = apply(plan, copy.deepcopy(model), inputs, loss_fn=loss_fn)
     compiled_module = apply(plan, copy.deepcopy(model), inputs, loss_fn=loss_fn)
     explained = torch._dynamo.explain(compiled_module)(*inputs)

@@ -83,3 +83,29 @@ def test_bad_settings_are_typed_errors(bad):
         automap.MixedPrecision(torch.float32)
     with pytest.raises(InvalidArgumentError, match="reduce_dtype"):
         automap.MixedPrecision(torch.float16, torch.int32)
+
+
+@pytest.mark.parametrize("reduce_dtype", [torch.float32, torch.bfloat16])
+def test_data_parallel_gradients_are_priced_as_buckets_in_the_reduce_dtype(reduce_dtype):
+    # The generator buckets a parameter's gradient through its cast (summed
+    # before the cast's backward, in reduce_dtype, beside the backward): the
+    # step time prices that bucket, not an in-graph all-reduce of the bf16
+    # gradient of the cast.
+    from forced_plans import BATCH, forced_plan
+
+    model, inputs, loss_fn = build("mlp")
+    mesh = automap.DeviceMesh((2,))
+    setting = automap.MixedPrecision(torch.bfloat16, reduce_dtype)
+    _, plan = forced_plan(model, inputs, loss_fn, mesh, params={}, inputs={"args_0": BATCH},
+                          mixed_precision=setting)
+    parts = plan.step_time
+    params_bytes = sum(p.numel() for p in model.parameters()) * reduce_dtype.itemsize
+    assert parts["buckets"] == 1  # the MLP's gradients fit one 25 MiB bucket
+    assert parts["gradient_sync_s"] == pytest.approx(mesh.all_reduce_cost_s(params_bytes, (0,)))
+    # The bytes per axis count the bucket too: the float32 plan's bytes, scaled
+    # to the reduce dtype.
+    from automap.planner.traffic import collective_bytes_per_axis
+
+    _, full = forced_plan(model, inputs, loss_fn, mesh, params={}, inputs={"args_0": BATCH})
+    assert collective_bytes_per_axis(plan)[0] == pytest.approx(
+        collective_bytes_per_axis(full)[0] * reduce_dtype.itemsize / 4, rel=1e-4)

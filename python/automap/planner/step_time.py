@@ -59,17 +59,45 @@ class StepTime:
         return {**asdict(self), "step_s": self.step_s, "sequential_s": self.sequential_s}
 
 
+CAST_OP = "_to_copy"  # op_family of a cast
+
+
+def _reads_through_casts(table, choice, readers, producer: str, o: int, consumer: str, k: int):
+    """The reads of a parameter edge, looking through a cast it feeds as stored
+    (mixed precision's, ``generate/build._through_casts``): the cast's own reads
+    of its output instead, each (producer, output, consumer, input);
+    ``readers``: producer -> its out-edges."""
+    cast = table.nodes[consumer]
+    src = table.nodes[producer].out_specs[choice[producer]][o]
+    if cast.op != CAST_OP or len(cast.inputs) != 1 or src != cast.in_specs[choice[consumer]][k]:
+        return [(producer, o, consumer, k)]
+    return readers.get(consumer) or [(producer, o, consumer, k)]
+
+
 def deferred_gradients(table, choice) -> dict[str, tuple[tuple[int, ...], float]]:
-    """Parameter placeholder -> (mesh axes, local bytes) of the gradients the
+    """Parameter placeholder -> (mesh axes, bucket bytes) of the gradients the
     generated program all-reduces in buckets (``defer_parameter_gradient_sync``
-    in ``generate/build.py``): every use reads the parameter as stored
-    and reduces its gradient over the same axes. Tied placeholders count as
-    their canonical one."""
+    in ``generate/build.py``): every use reads the parameter as stored (or a
+    cast of it, itself read as produced) and reduces its gradient over the
+    same axes. The bytes are the local shard's in the table's
+    ``gradient_reduce_bytes`` per element (mixed precision's ``reduce_dtype``),
+    else in the parameter's dtype. Tied placeholders count as their canonical one."""
+    return {param: (axes, nbytes) for param, (axes, nbytes, _) in
+            _deferred(table, choice).items()}
+
+
+def _deferred(table, choice) -> dict[str, tuple[tuple[int, ...], float, list[str]]]:
+    """``deferred_gradients`` plus, per parameter, the producers (the parameter,
+    its casts) whose readers' gradient all-reduces the buckets take over."""
+    readers: dict[str, list] = {}
+    for edge in table.edges():
+        readers.setdefault(edge[0], []).append(edge)
     uses: dict[str, list] = {}
     for producer, o, consumer, k in table.edges():
         node = table.nodes[producer]
         if node.kind == "parameter":
-            uses.setdefault(node.tied_to or producer, []).append((producer, o, consumer, k))
+            uses.setdefault(node.tied_to or producer, []).extend(
+                _reads_through_casts(table, choice, readers, producer, o, consumer, k))
     shard_count = ShardCounts(table.mesh)
     out = {}
     for param, edges in uses.items():
@@ -83,8 +111,11 @@ def deferred_gradients(table, choice) -> dict[str, tuple[tuple[int, ...], float]
             axes.add(reduce if src == node.in_specs[c][k] else None)
         if len(axes) != 1 or None in axes or () in axes:
             continue
-        spec = table.nodes[param].out_specs[choice[param]][0]
-        out[param] = (axes.pop(), table.nodes[param].outputs[0].nbytes / shard_count(spec))
+        info = table.nodes[param].outputs[0]
+        nbytes = info.nbytes / shard_count(table.nodes[param].out_specs[choice[param]][0])
+        if table.gradient_reduce_bytes is not None:
+            nbytes *= table.gradient_reduce_bytes / info.dtype_bytes
+        out[param] = (axes.pop(), nbytes, sorted({e[0] for e in edges}))
     return out
 
 
@@ -177,7 +208,11 @@ def step_time(profile, table, choice, node_weight=None, edge_weight=None, checkp
         into_once[consumer] = into_once.get(consumer, 0.0) + path.forward_cost_s
 
     buckets, first_use = gradient_buckets(table, choice, node_weight, bucket_bytes)
-    deferred = deferred_gradients(table, choice)
+    # Producers whose readers' gradient all-reduce a bucket runs instead: the
+    # parameter, or its cast (priced on the cast's output, which it reduced).
+    deferred_reads = {producer: axes for axes, _, producers in _deferred(table, choice).values()
+                      for producer in producers}
+    shard_count = ShardCounts(mesh)
     shared_s = shared_gradient_savings(table, choice)
 
     recomputed = recomputed_forwards(checkpoint)
@@ -191,11 +226,12 @@ def step_time(profile, table, choice, node_weight=None, edge_weight=None, checkp
         share = prof.fwd_flops / flops if flops else FORWARD_SHARE_WITHOUT_FLOPS
         compute = float(node.compute_s[c])
         bwd_comm = float(node.backward_comm_s[c]) - shared_s.get(name, 0.0)
-        for producer, _ in node.inputs:
-            param = table.nodes[producer].tied_to or producer
-            if param in deferred:  # all-reduced in a bucket, not by the node
-                axes, nbytes = deferred[param]
-                bwd_comm -= mesh.all_reduce_cost_s(nbytes, axes)
+        for producer, o in node.inputs:
+            if producer in deferred_reads:  # all-reduced in a bucket, not by the node
+                source = table.nodes[producer]
+                nbytes = source.outputs[o].nbytes / shard_count(
+                    source.out_specs[choice[producer]][o])
+                bwd_comm -= mesh.all_reduce_cost_s(nbytes, deferred_reads[producer])
         node_forward = compute * share + float(node.forward_comm_s[c])
         forward += w * node_forward + into_fwd.get(name, 0.0)
         recompute_s += recomputed.get(name, 0) * (node_forward + into_once.get(name, 0.0))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from automap.planner.plan import Plan
+from automap.planner.step_time import CAST_OP
 from automap.sharding.layout import layout_path
 from automap.sharding.spec import ShardingSpec
 from automap.solve.fsdp import fused_gather
@@ -67,6 +68,7 @@ def collective_bytes_per_axis(plan: Plan) -> list[float]:
         if path is not None:
             fused[(e.consumer, e.input_index)] = tuple(axes)
             fused_paths[(e.consumer, e.input_index)] = path.steps
+    bucket_scale = _bucketed_cast_reads(plan)
     for node in plan.nodes.values():
         partial = node.partial_axes
         for o, spec in enumerate(node.outputs):
@@ -83,7 +85,8 @@ def collective_bytes_per_axis(plan: Plan) -> list[float]:
         for i, axes in enumerate(node.grad_reduce_axes):
             if axes and (node.name, i) in read and (node.name, i) not in sharing \
                     and (node.name, i) not in fused:
-                carry("all_reduce", local(read[(node.name, i)], node.inputs[i]), axes)
+                carry("all_reduce", local(read[(node.name, i)], node.inputs[i])
+                      * bucket_scale.get((node.name, i), 1.0), axes)
     for e in plan.edges:
         if not e.steps:
             continue
@@ -107,3 +110,33 @@ def collective_bytes_per_axis(plan: Plan) -> list[float]:
                 per_axis[step.axis] += 2 * _sent_bytes("all_to_all", before, n)
     return per_axis
 
+
+
+def _bucketed_cast_reads(plan: Plan) -> dict[tuple[str, int], float]:
+    """(consumer, input) -> bytes scale of the gradient reads the generator
+    buckets through mixed precision's cast of a parameter (every reader of the
+    cast reads it as produced and reduces over the same axes, the cast reads
+    the parameter as stored): the bucket all-reduces the parameter's gradient
+    in ``reduce_dtype``, not the cast's output gradient."""
+    if plan.mixed_precision is None:
+        return {}
+    reduce_bytes = plan.mixed_precision.reduce_dtype.itemsize
+    into = {(e.consumer, e.input_index): e for e in plan.edges}
+    readers: dict[str, list] = {}
+    for e in plan.edges:
+        readers.setdefault(e.producer, []).append(e)
+    out = {}
+    for name, node in plan.nodes.items():
+        feed = into.get((name, 0))
+        if node.op != CAST_OP or feed is None or feed.src != feed.dst \
+                or plan.nodes[feed.producer].kind != "parameter":
+            continue
+        reads = readers.get(name, [])
+        axes = {tuple(plan.nodes[e.consumer].grad_reduce_axes[e.input_index])
+                if e.src == e.dst and e.input_index < len(plan.nodes[e.consumer].grad_reduce_axes)
+                else None for e in reads}
+        if len(axes) != 1 or None in axes or () in axes:
+            continue
+        for e in reads:
+            out[(e.consumer, e.input_index)] = reduce_bytes / e.dtype_bytes
+    return out

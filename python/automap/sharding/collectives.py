@@ -424,6 +424,8 @@ def gather_shard(x: torch.Tensor, dim: int, group: AxisGroup) -> torch.Tensor:
     gathered for its use; the use's gradient, partial over the same group (the
     batch is split there), is reduce-scattered straight into the shard: half the
     traffic of all-reducing it and then keeping the own shard."""
+    if torch.compiler.is_compiling():
+        return torch.ops.automap.gather_shard(x, dim, group.compile_key)
     return _GatherShard.apply(x, dim, group)
 
 
@@ -505,6 +507,11 @@ def _op_all_gather_dim(x: torch.Tensor, dim: int, group: str) -> torch.Tensor:
     return _fresh(_finish(_gather(x, dim, _group(group))), x)
 
 
+@torch.library.custom_op("automap::gather_shard", mutates_args=())
+def _op_gather_shard(x: torch.Tensor, dim: int, group: str) -> torch.Tensor:
+    return _fresh(_finish(_gather(x, dim, _group(group))), x)
+
+
 @torch.library.custom_op("automap::split_dim", mutates_args=())
 def _op_split_dim(x: torch.Tensor, dim: int, group: str) -> torch.Tensor:
     return _fresh(_split(x, dim, _group(group)), x)
@@ -532,6 +539,11 @@ def _op_reduce_scatter_dim(x: torch.Tensor, dim: int, group: str) -> torch.Tenso
 
 
 @_op_all_gather_dim.register_fake
+def _(x, dim, group):
+    return _resized(x, dim, times=_group(group).size)
+
+
+@_op_gather_shard.register_fake
 def _(x, dim, group):
     return _resized(x, dim, times=_group(group).size)
 
@@ -571,6 +583,11 @@ def _gather_back(ctx, grad):
     return torch.ops.automap.all_gather_dim(grad, dim, group), None, None
 
 
+def _reduce_scatter_back(ctx, grad):
+    dim, group = ctx.args
+    return torch.ops.automap.reduce_scatter_dim(grad.contiguous(), dim, group), None, None
+
+
 def _split_back(ctx, grad):
     dim, group = ctx.args
     return torch.ops.automap.split_dim(grad, dim, group), None, None
@@ -590,6 +607,7 @@ def _identity_back(ctx, grad):
 
 
 for _op, _backward in ((_op_all_gather_dim, _split_back), (_op_split_dim, _gather_back),
+                       (_op_gather_shard, _reduce_scatter_back),
                        (_op_all_to_all_dims, _all_to_all_back),
                        (_op_all_reduce_sum, _all_reduce_sum_back),
                        (_op_identity_all_reduce_grad, _identity_back),

@@ -109,6 +109,9 @@ class StrategyTable:
     nodes: dict[str, NodeOptions]
     unsupported_ops: dict[str, list[str]] = field(default_factory=dict)  # op -> node names
     optimizer: str = "adamw"
+    #: Bytes per element of the bucketed gradient all-reduce under mixed
+    #: precision (its ``reduce_dtype``); None: each gradient's own dtype.
+    gradient_reduce_bytes: int | None = None
 
     def edges(self):
         """(producer, output index, consumer, input index) of every tensor edge."""
@@ -238,8 +241,10 @@ def build_strategy_table(
                 node.state_bytes = np.zeros(len(node))
                 node.grad_bytes = np.zeros(len(node))
                 node.optimizer_s = None
+    setting = getattr(traced, "mixed_precision", None)
     return StrategyTable(mesh, nodes, unsupported,
-                         optimizer if isinstance(optimizer, str) else "adamw")
+                         optimizer if isinstance(optimizer, str) else "adamw",
+                         None if setting is None else setting.reduce_dtype.itemsize)
 
 
 def _flatten(x):
