@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from automap.generate.pipeline import generate_pipeline
 from automap.planner.plan import Plan
+from generate_workers import COLLECTIVE_NAMES
 from serial import ADAMW_EPS, GRAD_FLOOR, max_diff
 
 STEPS = 3
@@ -42,11 +43,16 @@ def train_pipelined(rank: int, world: int, cases: list[dict]) -> list[dict]:
     from pipeline_plans import build_case
 
     results = []
+    built: dict[str, tuple] = {}  # per model: built, traced and run serially once
     for case in cases:
         start = time.perf_counter()
-        model, args, kwargs, micro = build_case(case["model"])
         plan = Plan.from_dict(case["plan"])
-        traced = trace(model, micro, loss_fn=default_loss)
+        key = (case["model"], plan.pipeline.microbatches)
+        if key not in built:
+            model, args, kwargs, micro = build_case(*key)
+            traced = trace(model, micro, loss_fn=default_loss)
+            built[key] = (model, args, kwargs, traced, _serial(model, args, kwargs, STEPS))
+        model, args, kwargs, traced, serial = built[key]
         module = generate_pipeline(traced, plan, model, grad_bucket_bytes=case.get("bucket"))
         opt = torch.optim.AdamW(module.parameters(), lr=1e-3, weight_decay=0.01, eps=ADAMW_EPS)
         losses, grads = [], None
@@ -59,7 +65,7 @@ def train_pipelined(rank: int, world: int, cases: list[dict]) -> list[dict]:
             opt.zero_grad(set_to_none=True)
             losses.append(loss.item())
         params = module.module.full_state_dict()
-        serial_losses, serial_grads, serial_params = _serial(model, args, kwargs, STEPS)
+        serial_losses, serial_grads, serial_params = serial
         params = {k: v for k, v in params.items() if k in serial_params}
         rel_loss = max(abs(a - b) / abs(b) for a, b in zip(losses, serial_losses))
         rel_grad, _, worst_grad = max_diff(grads, serial_grads, floor=GRAD_FLOOR)
@@ -69,6 +75,35 @@ def train_pipelined(rank: int, world: int, cases: list[dict]) -> list[dict]:
             "stage": module.stage.index, "losses": losses, "serial_losses": serial_losses,
             "rel_loss": rel_loss, "rel_grad": rel_grad, "worst_grad": worst_grad,
             "rel_param": rel_param, "worst_param": worst_param, "grads": sorted(grads),
+            "collectives": sorted(c for c in COLLECTIVE_NAMES if c in module.module.code),
+            "buckets": len(module.module.gradient_sync.buckets),
             "seconds": time.perf_counter() - start})
         dist.barrier()
     return results
+
+
+def misuse(rank: int, world: int, plan_dict: dict) -> list[str]:
+    """The typed errors of a pipelined module used wrongly: a scaled loss's
+    backward, inputs of another batch size."""
+    from automap.errors import InputMismatchError, PipelineError
+    from automap.trace.tracing import default_loss, trace
+    from pipeline_plans import build_case
+
+    plan = Plan.from_dict(plan_dict)
+    model, args, kwargs, micro = build_case("mlp", plan.pipeline.microbatches)
+    traced = trace(model, micro, loss_fn=default_loss)
+    module = generate_pipeline(traced, plan, model)
+    seen = []
+    loss = module(*args, **kwargs)
+    try:
+        (2 * loss).backward()
+    except PipelineError:
+        seen.append("scaled backward")
+    try:
+        module(args[0][:3], args[1][:3])
+    except InputMismatchError:
+        seen.append("batch size")
+    with torch.no_grad():
+        evaluated = module(*args, **kwargs)
+    seen.append(f"eval {float(evaluated):.12f} train {float(loss):.12f}")
+    return seen

@@ -71,8 +71,9 @@ def pipelined(plan: Plan, traced, starts: list[str], *, world: int, microbatches
     return out
 
 
-def build_case(name: str):
-    """(model, args, kwargs, one microbatch's example inputs) in float64, seeded."""
+def build_case(name: str, microbatches: int):
+    """(model, args, kwargs, one microbatch's example inputs) in float64, seeded;
+    the batch is 8 samples for the MLP, 4 sequences for GPT-2."""
     import model_zoo
     from serial import no_dropout
 
@@ -81,14 +82,10 @@ def build_case(name: str):
         model = PipeMLP().double()
         x = torch.randn(8, 16, dtype=torch.float64)
         y = torch.randint(0, 10, (8,))
-        return model, (x, y), {}, (x[:8 // MICROBATCHES], y[:8 // MICROBATCHES])
+        return model, (x, y), {}, (x[:8 // microbatches], y[:8 // microbatches])
     model, inputs, _ = model_zoo.gpt2(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     model = no_dropout(model).double()
     ids = inputs["input_ids"]
-    micro = {"input_ids": ids[:len(ids) // MICROBATCHES],
-             "labels": ids[:len(ids) // MICROBATCHES].clone()}
+    micro = {"input_ids": ids[:len(ids) // microbatches],
+             "labels": ids[:len(ids) // microbatches].clone()}
     return model, (), {"input_ids": ids, "labels": ids.clone()}, micro
-
-
-#: Microbatches of every test case (the batches are 8 samples for the MLP, 4 for GPT-2).
-MICROBATCHES = 2

@@ -48,6 +48,10 @@ def generate_pipeline(traced, plan, model: nn.Module, *, device=None, seed: int 
         raise InvalidPipelineError(
             f"schedule {record.schedule!r} cannot run here: this runtime runs one stage per "
             f"rank with {sorted(SCHEDULES)}")
+    if record.schedule == "1f1b" and record.microbatches < len(record.stages):
+        raise InvalidPipelineError(
+            f"1F1B needs at least as many microbatches as stages: {record.microbatches} "
+            f"microbatches for {len(record.stages)} stages (torch's Schedule1F1B refuses it)")
     device = torch.device(device or "cpu")
     built = build_stage(traced, plan, model, device=device, seed=seed,
                         grad_bucket_bytes=grad_bucket_bytes)
