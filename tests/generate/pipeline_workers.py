@@ -83,17 +83,18 @@ def train_pipelined(rank: int, world: int, cases: list[dict]) -> list[dict]:
 
 
 def misuse(rank: int, world: int, plan_dict: dict) -> list[str]:
-    """The typed errors of a pipelined module used wrongly: a scaled loss's
-    backward, inputs of another batch size."""
+    """A pipelined module from ``automap.apply`` (the whole batch as example
+    inputs), used wrongly: a scaled loss's backward, inputs of another batch
+    size; and its loss under no_grad."""
+    import automap
     from automap.errors import InputMismatchError, PipelineError
-    from automap.trace.tracing import default_loss, trace
+    from automap.generate.pipeline import PipelineModule
     from pipeline_plans import build_case
 
     plan = Plan.from_dict(plan_dict)
-    model, args, kwargs, micro = build_case("mlp", plan.pipeline.microbatches)
-    traced = trace(model, micro, loss_fn=default_loss)
-    module = generate_pipeline(traced, plan, model)
-    seen = []
+    model, args, kwargs, _ = build_case("mlp", plan.pipeline.microbatches)
+    module = automap.apply(plan, model, args)
+    seen = [] if isinstance(module, PipelineModule) else ["not a PipelineModule"]
     loss = module(*args, **kwargs)
     try:
         (2 * loss).backward()
@@ -105,5 +106,5 @@ def misuse(rank: int, world: int, plan_dict: dict) -> list[str]:
         seen.append("batch size")
     with torch.no_grad():
         evaluated = module(*args, **kwargs)
-    seen.append(f"eval {float(evaluated):.12f} train {float(loss):.12f}")
+    seen.append(f"eval {evaluated.item():.12f} train {loss.item():.12f}")
     return seen

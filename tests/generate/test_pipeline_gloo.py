@@ -35,7 +35,7 @@ STARTS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _plan(model_name: str, world: int, stages: int, schedule: str) -> dict:
     import pipeline_plans as pp
 
@@ -47,7 +47,7 @@ def _plan(model_name: str, world: int, stages: int, schedule: str) -> dict:
                         schedule=schedule).to_dict()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _intra_op(model_name: str, ranks: int, microbatches: int):
     """The solver's plan for one microbatch on a (ranks,) submesh, with FLOP/s so
     slow that it splits the compute."""
@@ -104,9 +104,10 @@ def test_pipelined_training_equals_serial(layout):
 
 @pytest.mark.timeout(200)
 def test_pipelined_module_misuse_raises_typed_errors():
-    """A scaled loss's backward raises PipelineError (the schedule already ran
-    the backward for the loss itself), another batch size InputMismatchError;
-    under no_grad the forward runs the schedule's forward only, same loss."""
+    """``automap.apply`` of a pipelined plan gives a PipelineModule; a scaled
+    loss's backward raises PipelineError (the schedule already ran the backward
+    for the loss itself), another batch size InputMismatchError; under no_grad
+    the forward runs the schedule's forward only, to the same loss."""
     results = run_on_gloo(misuse, 2, _plan("mlp", 2, 2, "1f1b"), timeout_s=150)
     for seen in results:
         assert seen[:2] == ["scaled backward", "batch size"], seen

@@ -59,7 +59,8 @@ def generate_pipeline(traced, plan, model: nn.Module, *, device=None, seed: int 
 
 
 class _SendContiguous(nn.Module):
-    """The stage module as the schedule calls it: what it sends is contiguous."""
+    """The stage module as the schedule calls it: what it sends is contiguous, the
+    last stage's loss a tensor of shape (1,)."""
 
     def __init__(self, module: ParallelModule, last: bool) -> None:
         super().__init__()
@@ -68,8 +69,8 @@ class _SendContiguous(nn.Module):
 
     def forward(self, *args: torch.Tensor) -> Any:
         out = self.module(*args)
-        if self.last:
-            return out
+        if self.last:  # shape (1,): the schedule concatenates outputs (under eval)
+            return out.reshape(1)
         return tuple(v.contiguous() for v in out)
 
 
@@ -109,7 +110,7 @@ class PipelineModule(nn.Module):
         self._pipe.stage_index_to_group_rank = dict(built.stage_to_group_rank)
         m = self.microbatches
         self._schedule = SCHEDULES[plan.pipeline.schedule](
-            self._pipe, m, loss_fn=lambda output, target: output / m, scale_grads=False)
+            self._pipe, m, loss_fn=lambda output, target: output.sum() / m, scale_grads=False)
         self._anchor = torch.zeros((), requires_grad=True)
         self._check = _batch_check(traced, m)
         self._loss_dtype = built.loss_dtype

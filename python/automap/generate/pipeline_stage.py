@@ -131,7 +131,8 @@ def build_stage(traced, plan, model: nn.Module, *, device: torch.device, seed: i
     built = BuiltStage(index, len(stages), position, module, groups, p2p_group,
                        stage_to_group_rank,
                        tuple(_meta(values[v], v.name) for v in received),
-                       tuple(_meta(values[v], v.name) for v in sent),
+                       tuple(_meta(values[v], v.name).reshape(-1) if v is loss
+                             else _meta(values[v], v.name) for v in sent),
                        pipeline_group=pipeline_group,
                        loss_source_rank=stages[-1].ranks[0], loss_dtype=values[loss].dtype)
 
