@@ -6,8 +6,9 @@ stage) and an MLP train 3 AdamW steps in float64 on as many microbatches as stag
 (torch's 1F1B needs at least that many); every rank
 sees the serial model's losses (full batch), its first-step gradients and its
 parameters after the last step on its own stage. The plans are the solver's for
-one microbatch on the submesh, cut by hand (``tests/support/pipeline_plans.py``);
-one spawn per layout runs its four cases."""
+one microbatch on the submesh (for the MLP under GPipe, data parallelism
+forced, so that its gradient buckets are summed once per step), cut by hand
+(``tests/support/pipeline_plans.py``); one spawn per layout runs its four cases."""
 
 from __future__ import annotations
 
@@ -36,26 +37,31 @@ STARTS = {
 
 
 @functools.cache
-def _plan(model_name: str, world: int, stages: int, schedule: str) -> dict:
+def _plan(model_name: str, world: int, stages: int, schedule: str, kind: str = "solver"
+          ) -> dict:
     import pipeline_plans as pp
 
     model, _, _, micro = pp.build_case(model_name, stages)
     traced = trace(model, micro, loss_fn=default_loss)
-    intra = _intra_op(model_name, world // stages, stages)
+    intra = _intra_op(model_name, world // stages, stages, kind)
     starts = [pp.first_node_in(traced, m) for m in STARTS[(model_name, stages)]]
     return pp.pipelined(intra, traced, starts, world=world, microbatches=stages,
                         schedule=schedule).to_dict()
 
 
 @functools.cache
-def _intra_op(model_name: str, ranks: int, microbatches: int):
-    """The solver's plan for one microbatch on a (ranks,) submesh, with FLOP/s so
-    slow that it splits the compute."""
+def _intra_op(model_name: str, ranks: int, microbatches: int, kind: str):
+    """The plan for one microbatch on a (ranks,) submesh: the solver's with FLOP/s
+    so slow that it splits the compute, or (``dp``) data parallelism forced."""
     import pipeline_plans as pp
     from automap.planner.search import plan as solve_plan
+    from forced_plans import BATCH, forced_plan
     from speeds import speeds
 
     model, _, _, micro = pp.build_case(model_name, microbatches)
+    if kind == "dp":
+        return forced_plan(model, micro, default_loss, DeviceMesh((ranks,)), params={},
+                           inputs={"args_0": BATCH, "args_1": BATCH})[1]
     return solve_plan(model, micro, DeviceMesh((ranks,)), loss_fn=default_loss, **speeds(1e6))
 
 
@@ -66,9 +72,10 @@ LAYOUTS = {"2x2": 2, "4x1": 4}
 @pytest.mark.timeout(400)
 def test_pipelined_training_equals_serial(layout):
     stages = LAYOUTS[layout]
-    cases = [{"model": m, "schedule": s, "bucket": b, "plan": _plan(m, 4, stages, s)}
-             for m, s, b in [("mlp", "gpipe", 4096), ("mlp", "1f1b", None),
-                             ("gpt2", "gpipe", None), ("gpt2", "1f1b", 4096)]]
+    cases = [{"model": m, "schedule": s, "bucket": b, "plan": _plan(m, 4, stages, s, k)}
+             for m, s, b, k in [("mlp", "gpipe", 64, "dp"), ("mlp", "1f1b", None, "solver"),
+                                ("gpt2", "gpipe", None, "solver"),
+                                ("gpt2", "1f1b", 4096, "solver")]]
     results = run_on_gloo(train_pipelined, 4, cases, timeout_s=360)
     failures = []
     for i, case in enumerate(cases):
@@ -77,7 +84,8 @@ def test_pipelined_training_equals_serial(layout):
         worst = {k: max(r[k] for r in rows) for k in ("rel_loss", "rel_grad", "rel_param")}
         print(f"{label}: loss rel {worst['rel_loss']:.1e}, grad rel {worst['rel_grad']:.1e}, "
               f"param rel {worst['rel_param']:.1e}, collectives "
-              f"{sorted({c for r in rows for c in r['collectives']})}, "
+              f"{sorted({c for r in rows for c in r['collectives']})}, gradient buckets "
+              f"{[r['buckets'] for r in rows]}, "
               f"{max(r['seconds'] for r in rows):.1f} s")
         loss_tol = TOL["gpt2_loss"] if case["model"] == "gpt2" else TOL["loss"]
         if worst["rel_loss"] > loss_tol:
@@ -95,10 +103,12 @@ def test_pipelined_training_equals_serial(layout):
             holders = [r["stage"] for r in rows if "transformer.wte.weight" in r["grads"]]
             if sorted(set(holders)) != [0, stages - 1]:
                 failures.append(f"{label}: the tied embedding is held by stages {holders}")
-    if stages == 2:  # the submesh's own collectives ran inside the stages
+    if stages == 2:  # the submesh's own collectives and gradient buckets ran
         used = {c for r in results for row in r for c in row["collectives"]}
         if not used - {"take_shard"}:
             failures.append(f"no intra-op collective ran on {layout}: {used}")
+        if not any(row["buckets"] for r in results for row in r):
+            failures.append(f"no data-parallel gradient bucket on {layout}")
     assert not failures, "\n".join(failures)
 
 

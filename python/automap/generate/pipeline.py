@@ -130,8 +130,10 @@ class PipelineModule(nn.Module):
         losses: list[torch.Tensor] = []
         targets = [None] * m
         if torch.is_grad_enabled():
-            self._schedule.step(arg_mbs=arg_mbs, target_mbs=targets, losses=losses,
-                                return_outputs=False)
+            # Data-parallel gradients are summed once, after the last microbatch.
+            with self.module.gradient_sync.deferred():
+                self._schedule.step(arg_mbs=arg_mbs, target_mbs=targets, losses=losses,
+                                    return_outputs=False)
             self._sum_shared_gradients()
         else:
             self._schedule.eval(arg_mbs=arg_mbs, target_mbs=targets, losses=losses)
