@@ -273,11 +273,13 @@ def _generate_pipeline(channel: SetupChannel, plan: Plan, model: nn.Module,
     the model is traced on the first microbatch of ``example_inputs``."""
     from automap.generate.pipeline import generate_pipeline
 
+    microbatches = plan.pipeline.microbatches if plan.pipeline is not None else 1
+
     def prepare() -> TracedGraph:
         if local_inputs:
             raise InvalidPipelineError("local_inputs=True is not supported with a pipeline: "
                                        "the first stage takes the whole batch")
-        micro = first_microbatch(example_inputs, plan.pipeline.microbatches)
+        micro = first_microbatch(example_inputs, microbatches)
         traced = _trace(model, micro, loss_fn, mixed_precision)
         plan.check_matches(traced, plan.mesh)
         _mesh_for_world(_whole_mesh(plan))

@@ -47,6 +47,10 @@ def train_pipelined(rank: int, world: int, cases: list[dict]) -> list[dict]:
     for case in cases:
         start = time.perf_counter()
         plan = Plan.from_dict(case["plan"])
+        for k in case.get("recompute", ()):
+            # StageRecord.recompute comes with the planner's stage search; set here
+            # (read duck-typed by the runtime) until the record has the field.
+            object.__setattr__(plan.pipeline.stages[k], "recompute", True)
         key = (case["model"], plan.pipeline.microbatches)
         if key not in built:
             model, args, kwargs, micro = build_case(*key)

@@ -8,7 +8,9 @@ sees the serial model's losses (full batch), its first-step gradients and its
 parameters after the last step on its own stage. The plans are the solver's for
 one microbatch on the submesh (for the MLP under GPipe, data parallelism
 forced, so that its gradient buckets are summed once per step), cut by hand
-(``tests/support/pipeline_plans.py``); one spawn per layout runs its four cases."""
+(``tests/support/pipeline_plans.py``); GPT-2 under 1F1B recomputes the forward
+of some stages (``StageRecord.recompute``). One spawn per layout runs its four
+cases."""
 
 from __future__ import annotations
 
@@ -52,14 +54,15 @@ def _plan(model_name: str, world: int, stages: int, schedule: str, kind: str = "
 @functools.cache
 def _intra_op(model_name: str, ranks: int, microbatches: int, kind: str):
     """The plan for one microbatch on a (ranks,) submesh: the solver's with FLOP/s
-    so slow that it splits the compute, or (``dp``) data parallelism forced."""
+    so slow that it splits the compute, or (``dp``, on several ranks) data
+    parallelism forced."""
     import pipeline_plans as pp
     from automap.planner.search import plan as solve_plan
     from forced_plans import BATCH, forced_plan
     from speeds import speeds
 
     model, _, _, micro = pp.build_case(model_name, microbatches)
-    if kind == "dp":
+    if kind == "dp" and ranks > 1:
         return forced_plan(model, micro, default_loss, DeviceMesh((ranks,)), params={},
                            inputs={"args_0": BATCH, "args_1": BATCH})[1]
     return solve_plan(model, micro, DeviceMesh((ranks,)), loss_fn=default_loss, **speeds(1e6))
@@ -76,6 +79,7 @@ def test_pipelined_training_equals_serial(layout):
              for m, s, b, k in [("mlp", "gpipe", 64, "dp"), ("mlp", "1f1b", None, "solver"),
                                 ("gpt2", "gpipe", None, "solver"),
                                 ("gpt2", "1f1b", 4096, "solver")]]
+    cases[3]["recompute"] = [stages - 1] if stages == 2 else [1, 2]
     results = run_on_gloo(train_pipelined, 4, cases, timeout_s=360)
     failures = []
     for i, case in enumerate(cases):

@@ -34,7 +34,7 @@ class PipeMLP(nn.Module):
 
 
 def computed_nodes(traced) -> list[str]:
-    return [n.name for n in traced.graph.nodes if n.op not in ("placeholder", "output")]
+    return [n.name for n in traced.graph.nodes if n.op == "call_function"]
 
 
 def first_node_in(traced, module_prefix: str) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.utils._pytree as pytree
+import torch.utils.checkpoint
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -62,13 +63,19 @@ class _SendContiguous(nn.Module):
     """The stage module as the schedule calls it: what it sends is contiguous, the
     last stage's loss a tensor of shape (1,)."""
 
-    def __init__(self, module: ParallelModule, last: bool) -> None:
+    def __init__(self, module: ParallelModule, last: bool, recompute: bool) -> None:
         super().__init__()
         self.module = module
         self.last = last
+        self.recompute = recompute
 
     def forward(self, *args: torch.Tensor) -> Any:
-        out = self.module(*args)
+        if self.recompute and torch.is_grad_enabled():
+            # The plan's whole-stage checkpoint: each microbatch in flight keeps
+            # its input only; the forward runs again before its backward.
+            out = torch.utils.checkpoint.checkpoint(self.module, *args, use_reentrant=False)
+        else:
+            out = self.module(*args)
         if self.last:  # shape (1,): the schedule concatenates outputs (under eval)
             return out.reshape(1)
         return tuple(v.contiguous() for v in out)
@@ -104,7 +111,8 @@ class PipelineModule(nn.Module):
         self.stage = built
         self.microbatches = int(plan.pipeline.microbatches)
         last = built.index == built.count - 1
-        self._pipe = PipelineStage(_SendContiguous(built.module, last), built.index,
+        recompute = bool(getattr(plan.pipeline.stages[built.index], "recompute", False))
+        self._pipe = PipelineStage(_SendContiguous(built.module, last, recompute), built.index,
                                    built.count, device, input_args=built.input_metas,
                                    output_args=built.output_metas, group=built.p2p_group)
         self._pipe.stage_index_to_group_rank = dict(built.stage_to_group_rank)

@@ -49,13 +49,19 @@ class StageCut:
 
 def traced_stage_of(traced, stages) -> dict[str, int]:
     """Traced node name -> stage index, from each stage's ``first_node`` ..
-    ``last_node`` (computed nodes: not placeholders, not the output, in graph
-    order). The ranges must be contiguous, in order and cover every node."""
-    computed = [n.name for n in traced.graph.nodes if n.op not in ("placeholder", "output")]
+    ``last_node`` (computed nodes: the graph's op calls, in graph order; attribute
+    reads belong to no stage). The ranges must be contiguous, in order and cover
+    every node; a depth-reduced plan's stages (``first_repeat``), which stand
+    for blocks the graph does not have, are refused."""
+    computed = [n.name for n in traced.graph.nodes if n.op == "call_function"]
     position = {name: i for i, name in enumerate(computed)}
     out: dict[str, int] = {}
     expected_first = 0
     for k, stage in enumerate(stages):
+        if getattr(stage, "first_repeat", 0) or getattr(stage, "last_repeat", 0):
+            raise InvalidPlanError(f"pipeline stage {k} starts or ends inside a repeated block "
+                                   "of a depth-reduced plan, which is for estimates only; "
+                                   "plan without reduce_depth to run it")
         for end in (stage.first_node, stage.last_node):
             if end not in position:
                 raise InvalidPlanError(f"pipeline stage {k} names node {end!r}, which is not "
