@@ -19,6 +19,8 @@ own ``scale_grads``, which divides the whole ``.grad`` at the end, is off."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -123,6 +125,7 @@ class PipelineModule(nn.Module):
         self._check = _batch_check(traced, m)
         self._loss_dtype = built.loss_dtype
         self._device = device
+        self._random_state: tuple | None = None
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         self._check(self, args, kwargs)
@@ -137,14 +140,16 @@ class PipelineModule(nn.Module):
             raise InputMismatchError("a pipelined module takes tensor inputs only")
         losses: list[torch.Tensor] = []
         targets = [None] * m
+        with self._stage_random():
+            if torch.is_grad_enabled():
+                # Data-parallel gradients are summed once, after the last microbatch.
+                with self.module.gradient_sync.deferred():
+                    self._schedule.step(arg_mbs=arg_mbs, target_mbs=targets, losses=losses,
+                                        return_outputs=False)
+            else:
+                self._schedule.eval(arg_mbs=arg_mbs, target_mbs=targets, losses=losses)
         if torch.is_grad_enabled():
-            # Data-parallel gradients are summed once, after the last microbatch.
-            with self.module.gradient_sync.deferred():
-                self._schedule.step(arg_mbs=arg_mbs, target_mbs=targets, losses=losses,
-                                    return_outputs=False)
             self._sum_shared_gradients()
-        else:
-            self._schedule.eval(arg_mbs=arg_mbs, target_mbs=targets, losses=losses)
         total = torch.zeros((), dtype=self._loss_dtype, device=self._device)
         if losses:
             total = torch.stack([v.detach().reshape(()) for v in losses]).sum()
@@ -152,6 +157,27 @@ class PipelineModule(nn.Module):
         if not torch.is_grad_enabled():
             return total
         return _FinishedLoss.apply(self._anchor, total)
+
+    @contextlib.contextmanager
+    def _stage_random(self) -> Iterator[None]:
+        """Random ops (dropout) draw from this stage's own stream: the ranks of a
+        stage alike (as ``generate`` requires), other stages independently (from
+        the caller's generator they would all draw the same first numbers, and
+        equal-shaped dropouts of different stages would share masks). The stream
+        is seeded once from the caller's generator plus the stage index and kept
+        between calls; the caller's generator does not move."""
+        devices = [self._device] if self._device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            if self._random_state is None:
+                base = int(torch.randint(0, 2**31 - 1, ()).item())
+                torch.manual_seed(base + 1_000_003 * self.stage.index)
+            else:
+                torch.set_rng_state(self._random_state[0])
+                if devices:
+                    torch.cuda.set_rng_state(self._random_state[1], self._device)
+            yield
+            self._random_state = (torch.get_rng_state(),
+                                  torch.cuda.get_rng_state(self._device) if devices else None)
 
     def _sum_shared_gradients(self) -> None:
         """Weights several stages hold (tied) get the sum of their gradients."""
