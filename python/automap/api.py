@@ -12,8 +12,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from automap.cluster.device import FIELDS
 from automap.coordination import DEFAULT_SETUP_TIMEOUT_S, SetupChannel
-from automap.errors import DistributedError, InvalidArgumentError, InvalidMeshError
+from automap.errors import (
+    DistributedError,
+    InvalidArgumentError,
+    InvalidMeshError,
+    InvalidPipelineError,
+)
 from automap.planner.plan import Plan
 from automap.sharding.mesh import DeviceMesh
 from automap.trace.example_inputs import describe_inputs, stand_in_inputs
@@ -22,6 +28,7 @@ if TYPE_CHECKING:
     from automap.cluster.cluster import Cluster
     from automap.cluster.device import DeviceProfile
     from automap.generate.module import ParallelModule
+    from automap.generate.pipeline import PipelineModule
     from automap.trace.mixed_precision import MixedPrecision
     from automap.trace.tracing import TracedGraph
 
@@ -43,8 +50,11 @@ def autoparallelize(
     seed: int = 0,
     setup_timeout_s: float = DEFAULT_SETUP_TIMEOUT_S,
     mixed_precision: MixedPrecision | str | None = None,
+    pipeline: str | int = "off",
+    microbatches: int = 1,
+    schedule: str = "1f1b",
     **plan_options: Any,
-) -> ParallelModule:
+) -> ParallelModule | PipelineModule:
     """Plan ``model`` on ``mesh`` (default: 1-D over the whole world; a
     ``Cluster`` or cluster JSON path tries its best meshes of the world's size) within
     ``memory_budget_bytes`` per device (default: the GPU's memory; unlimited on
@@ -70,6 +80,15 @@ def autoparallelize(
     refused (``StalePlanError``). With fp16, scale the loss with
     ``automap.GradScaler`` (a ``torch.amp.GradScaler`` whose inf check agrees
     across ranks).
+
+    ``pipeline`` (``"off"``, ``"auto"`` or a number of stages), ``microbatches`` and
+    ``schedule`` (``"1f1b"``, ``"gpipe"``) go to ``automap.plan``. A plan with
+    stages gives a ``automap.generate.pipeline.PipelineModule``: called on the whole
+    batch, it runs the schedule's forward and backward over the microbatches and
+    returns the batch's loss (every rank alike); the gradients are then in
+    ``.grad``, and ``loss.backward()`` only checks that it is called on the loss
+    itself (``PipelineError`` otherwise). Its ``parameters()`` are this rank's
+    shards of its stage.
 
     Every rank calls it. An error on any rank (while checking, planning on the
     leader, or generating) is raised on every rank as the same ``AutomapError``;
@@ -119,8 +138,24 @@ def autoparallelize(
             found.inputs = describe_inputs(example_inputs)
             return found.to_dict()
 
+        def solve_pipeline() -> dict:
+            from automap.planner.search import plan as plan_model
+
+            found = plan_model(model, example_inputs, meshes[0], budget, loss_fn=loss_fn,
+                               optimizer=optimizer, mixed_precision=mixed_precision,
+                               pipeline=pipeline, microbatches=microbatches,
+                               schedule=schedule, **{n: getattr(speeds, n) for n in FIELDS},
+                               **plan_options)
+            found.inputs = describe_inputs(example_inputs)
+            return found.to_dict()
+
         leader = meshes[0].ranks[0]
-        plan = Plan.from_dict(channel.from_leader(f"planning on rank {leader}", leader, solve))
+        plan = Plan.from_dict(channel.from_leader(
+            f"planning on rank {leader}", leader,
+            solve if pipeline == "off" else solve_pipeline))
+    if plan.pipeline is not None:
+        return _generate_pipeline(channel, plan, model, dev, local_inputs, seed,
+                                  example_inputs, loss_fn, mixed_precision)
     return _generate(channel, traced, plan, model, dev, local_inputs, seed)
 
 
@@ -128,7 +163,8 @@ def apply(plan: Plan, model: nn.Module, example_inputs: Any = None, *,
           loss_fn: LossFn | None = None, local_inputs: bool = False,
           device: str | torch.device | None = None, seed: int = 0,
           setup_timeout_s: float = DEFAULT_SETUP_TIMEOUT_S,
-          mixed_precision: MixedPrecision | str | None = "plan") -> ParallelModule:
+          mixed_precision: MixedPrecision | str | None = "plan"
+          ) -> ParallelModule | PipelineModule:
     """This rank's ``ParallelModule`` of ``model`` under ``plan`` (made by
     ``automap.plan`` for the same model, inputs and loss). Without
     ``example_inputs``, stand-ins of the shapes and dtypes the plan recorded are
@@ -141,19 +177,24 @@ def apply(plan: Plan, model: nn.Module, example_inputs: Any = None, *,
     channel = SetupChannel.of_world(setup_timeout_s)
     channel.check_in("starting automap.apply")
 
-    def prepare() -> tuple[torch.device, TracedGraph]:
+    def prepare() -> tuple[torch.device, Any, Any, TracedGraph | None]:
         if not isinstance(plan, Plan):
             raise InvalidArgumentError(f"plan must be an automap.Plan (e.g. "
                                        f"automap.Plan.from_json(path)), got {type(plan).__name__}")
-        _mesh_for_world(plan.mesh)
+        _mesh_for_world(_whole_mesh(plan))
         inputs = example_inputs
         if inputs is None:
             inputs = stand_in_inputs(plan.inputs, _model_device(model))
         setting = plan.mixed_precision if isinstance(mixed_precision, str) and \
             mixed_precision == "plan" else mixed_precision
-        return _device(device), _trace(model, inputs, loss_fn, setting)
+        # A pipelined plan is for one microbatch: traced when generating.
+        traced = _trace(model, inputs, loss_fn, setting) if plan.pipeline is None else None
+        return _device(device), inputs, setting, traced
 
-    dev, traced = channel.each_rank("checking the plan and tracing", prepare)
+    dev, inputs, setting, traced = channel.each_rank("checking the plan and tracing", prepare)
+    if plan.pipeline is not None:
+        return _generate_pipeline(channel, plan, model, dev, local_inputs, seed, inputs,
+                                  loss_fn, setting)
     return _generate(channel, traced, plan, model, dev, local_inputs, seed)
 
 
@@ -205,6 +246,11 @@ def _trace(model: nn.Module, example_inputs: Any, loss_fn: LossFn | None,
                  mixed_precision=mixed_precision)
 
 
+def _whole_mesh(plan: Plan) -> DeviceMesh:
+    """The mesh a plan runs on: its own, or the whole mesh its pipeline spans."""
+    return plan.mesh if plan.pipeline is None else DeviceMesh.from_dict(plan.pipeline.mesh)
+
+
 def _generate(channel: SetupChannel, traced: TracedGraph, plan: Plan, model: nn.Module,
               device: torch.device, local_inputs: bool, seed: int) -> ParallelModule:
     from automap.generate.program import generate
@@ -217,6 +263,47 @@ def _generate(channel: SetupChannel, traced: TracedGraph, plan: Plan, model: nn.
     groups = mesh.process_groups()
     return channel.each_rank("generating the parallel module", lambda: generate(
         traced, plan, model, groups, device=device, local_inputs=local_inputs, seed=seed))
+
+
+def _generate_pipeline(channel: SetupChannel, plan: Plan, model: nn.Module,
+                       device: torch.device, local_inputs: bool, seed: int,
+                       example_inputs: Any, loss_fn: LossFn | None,
+                       mixed_precision: MixedPrecision | str | None) -> PipelineModule:
+    """This rank's stage of a pipelined plan, whose nodes are for one microbatch:
+    the model is traced on the first microbatch of ``example_inputs``."""
+    from automap.generate.pipeline import generate_pipeline
+
+    microbatches = plan.pipeline.microbatches if plan.pipeline is not None else 1
+
+    def prepare() -> TracedGraph:
+        if local_inputs:
+            raise InvalidPipelineError("local_inputs=True is not supported with a pipeline: "
+                                       "the first stage takes the whole batch")
+        micro = first_microbatch(example_inputs, microbatches)
+        traced = _trace(model, micro, loss_fn, mixed_precision)
+        plan.check_matches(traced, plan.mesh)
+        _mesh_for_world(_whole_mesh(plan))
+        return traced
+
+    traced = channel.each_rank("tracing one microbatch and checking the plan", prepare)
+    channel.check_in("creating the pipeline's process groups")
+    return channel.each_rank("generating the pipeline stage", lambda: generate_pipeline(
+        traced, plan, model, device=device, seed=seed))
+
+
+def first_microbatch(example_inputs: Any, microbatches: int) -> Any:
+    """The first of ``microbatches`` equal parts of ``example_inputs`` (every tensor
+    split along dim 0), in the same form (tensor, tuple or dict)."""
+    import torch.utils._pytree as pytree
+
+    def part(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() == 0 or t.shape[0] % microbatches:
+            raise InvalidPipelineError(
+                f"{microbatches} microbatches must divide every input's dim 0 (the batch); "
+                f"an input has shape {list(t.shape)}")
+        return t[:t.shape[0] // microbatches]
+
+    return pytree.tree_map_only(torch.Tensor, part, example_inputs)
 
 
 def _world_size() -> int:

@@ -102,3 +102,9 @@ InfeasiblePlanError = InfeasibleBudgetError
 class InvalidCostModelError(AutomapError, ValueError):
     """A device speed (FLOP/s, memory bandwidth, per-kernel overhead) that is
     not a finite number > 0."""
+
+
+class PipelineError(AutomapError, RuntimeError):
+    """A pipelined module used in a way it cannot run: its loss differentiated
+    with a gradient other than 1 (the schedule already ran the backward), or a
+    value that cannot cross a stage boundary."""

@@ -18,6 +18,8 @@ flat copy is cast, and the sum cast back into each ``.grad``).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -62,13 +64,34 @@ class GradientSync:
             self._bucket_of[id(param)] = bucket
         self._previous: dict[int, torch.Tensor] = {}
         self._in_backward = False
+        self._deferred = False
         self.handles = []
         for param, _ in params:
             self.handles.append(param.register_hook(self._before_accumulate(param)))
             self.handles.append(param.register_post_accumulate_grad_hook(self._accumulated))
 
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Several backward calls of one step (a pipeline's microbatches): within,
+        gradients accumulate unsynchronised; leaving without an error, every
+        bucket is all-reduced once (gradients present before entering are kept
+        once, not summed over the group)."""
+        previous = {id(p): p.grad.detach().clone() for b in self.buckets for p in b.params
+                    if p.grad is not None}
+        self._deferred = True
+        try:
+            yield
+        finally:
+            self._deferred = False
+        for bucket in self.buckets:
+            self._launch(bucket)
+        self._previous = previous
+        self.finish()
+
     def _before_accumulate(self, param: nn.Parameter):
         def hook(grad: torch.Tensor) -> torch.Tensor:
+            if self._deferred:
+                return grad
             if not self._in_backward:
                 self._in_backward = True
                 torch.autograd.Variable._execution_engine.queue_callback(self.finish)
@@ -79,6 +102,8 @@ class GradientSync:
         return hook
 
     def _accumulated(self, param: nn.Parameter) -> None:
+        if self._deferred:
+            return
         bucket = self._bucket_of[id(param)]
         bucket.ready.add(id(param))
         if len(bucket.ready) == len(bucket.params):

@@ -9,7 +9,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from automap.generate.build import defer_parameter_gradient_sync, generate_graph
+from automap.generate.build import (
+    GeneratedGraph,
+    defer_parameter_gradient_sync,
+    generate_graph,
+)
 from automap.generate.checkpoint import wrap_checkpoint_blocks
 from automap.generate.grad_sync import GradientSync
 from automap.generate.module import InputCheck, ParallelModule, register_state
@@ -55,6 +59,15 @@ def assemble(traced, plan, groups, rank: int, device: torch.device, local_inputs
     state shards ``shard_values`` gives for the graph's shards, and the bucketed
     gradient sync. Called flat (one argument per traced user input)."""
     out = generate_graph(traced, plan, groups, rank, device, local_inputs)
+    return assemble_graph(out, traced, plan, groups, grad_bucket_bytes, shard_values)
+
+
+def assemble_graph(out: GeneratedGraph, traced, plan, groups, grad_bucket_bytes: int | None,
+                   shard_values: Callable[[dict[str, StateShard]], dict[str, torch.Tensor]]
+                   ) -> ParallelModule:
+    """The module of a generated graph ``out`` (the whole program, or one pipeline
+    stage's part of it, ``automap.generate.pipeline_split``): checkpoint regions,
+    state shards, the bucketed gradient sync."""
     deferred = defer_parameter_gradient_sync(out) if grad_bucket_bytes is not None else []
     if plan.checkpoint is not None:
         wrap_checkpoint_blocks(out.graph, out.attrs, plan.checkpoint.stages,

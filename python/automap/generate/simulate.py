@@ -205,8 +205,8 @@ def simulate_step(traced, plan, *, rank: int | None = None, optimizer="adamw",
     timeline = _Timeline()
     with FakeTensorMode(allow_non_fake_inputs=True):
         module = assemble(traced, plan, groups, rank, device, local_inputs, grad_bucket_bytes,
-                          lambda shards: _fake_shards(traced, plan, shards, rank, device))
-        inputs = _fake_inputs(traced, plan, rank, device, local_inputs)
+                          lambda shards: fake_shards(traced, plan, shards, rank, device))
+        inputs = fake_inputs(traced, plan, rank, device, local_inputs)
         params = [p for p in module.parameters() if p.requires_grad]
         opt, _ = make_optimizer(optimizer, params, device)
         if opt is not None:
@@ -260,7 +260,7 @@ class _Runner(torch.fx.Interpreter):
         self.timeline.node = f"backward of {name}"
 
 
-def _fake_shards(traced, plan, shards, rank: int, device) -> dict[str, torch.Tensor]:
+def fake_shards(traced, plan, shards, rank: int, device) -> dict[str, torch.Tensor]:
     out = {}
     for name, shard in shards.items():
         state = traced.parameters.get(name) or traced.buffers.get(name) or traced.constants[name]
@@ -269,7 +269,7 @@ def _fake_shards(traced, plan, shards, rank: int, device) -> dict[str, torch.Ten
     return out
 
 
-def _fake_inputs(traced, plan, rank: int, device, local_inputs: bool) -> list:
+def fake_inputs(traced, plan, rank: int, device, local_inputs: bool) -> list:
     values = []
     placeholders = {n.name: n for n in traced.graph.nodes if n.op == "placeholder"}
     for name in traced.user_input_nodes:

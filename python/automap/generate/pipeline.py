@@ -1,0 +1,215 @@
+"""Running a pipelined plan (issue 18): this rank's stage module
+(``pipeline_stage``) under a ``torch.distributed.pipelining`` schedule.
+
+``PipelineModule`` trains with the usual loop, ``loss = module(*inputs);
+loss.backward(); optimizer.step()``: its forward splits the batch into the
+plan's microbatches (every tensor input along dim 0), runs the schedule's
+forward and backward over all of them, sums the gradients of weights that
+several stages hold (tied embeddings), and returns the batch's loss, the same
+value on every rank. The gradients are then already in ``.grad``, so the
+loss's backward only checks that it is the plain ``loss.backward()`` (a
+gradient of 1; anything else raises ``PipelineError``). ``parameters()`` are
+this rank's shards of its stage's parameters.
+
+Gradient scale: each microbatch's loss (a mean over the microbatch) is divided
+by the number of microbatches before its backward, so the summed gradients are
+those of the batch's mean loss (equal microbatches), and gradients already in
+``.grad`` (accumulation over several calls) are kept as they are; the schedule's
+own ``scale_grads``, which divides the whole ``.grad`` at the end, is off."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.utils._pytree as pytree
+import torch.utils.checkpoint
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+from automap.errors import InputMismatchError, InvalidPipelineError, PipelineError
+from automap.generate.module import InputCheck, ParallelModule
+from automap.generate.pipeline_stage import BuiltStage, build_stage
+from automap.sharding.collectives import DEFAULT_BUCKET_BYTES
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+def generate_pipeline(traced, plan, model: nn.Module, *, device=None, seed: int = 0,
+                      grad_bucket_bytes: int | None = DEFAULT_BUCKET_BYTES) -> PipelineModule:
+    """This rank's ``PipelineModule`` for ``plan`` (``plan.pipeline`` set; its nodes
+    made for ``traced``, the model traced on ONE microbatch). Collective over the
+    world: every rank calls it."""
+    record = plan.pipeline
+    if record is None:
+        raise InvalidPipelineError("the plan has no pipeline; use automap.generate.program."
+                                   "generate for an intra-op plan")
+    if record.schedule not in SCHEDULES:
+        raise InvalidPipelineError(
+            f"schedule {record.schedule!r} cannot run here: this runtime runs one stage per "
+            f"rank with {sorted(SCHEDULES)}")
+    if record.schedule == "1f1b" and record.microbatches < len(record.stages):
+        raise InvalidPipelineError(
+            f"1F1B needs at least as many microbatches as stages: {record.microbatches} "
+            f"microbatches for {len(record.stages)} stages (torch's Schedule1F1B refuses it)")
+    device = torch.device(device or "cpu")
+    built = build_stage(traced, plan, model, device=device, seed=seed,
+                        grad_bucket_bytes=grad_bucket_bytes)
+    return PipelineModule(built, traced, plan, device)
+
+
+class _SendContiguous(nn.Module):
+    """The stage module as the schedule calls it: what it sends is contiguous, the
+    last stage's loss a tensor of shape (1,)."""
+
+    def __init__(self, module: ParallelModule, last: bool, recompute: bool) -> None:
+        super().__init__()
+        self.module = module
+        self.last = last
+        self.recompute = recompute
+
+    def forward(self, *args: torch.Tensor) -> Any:
+        if self.recompute and torch.is_grad_enabled():
+            # The plan's whole-stage checkpoint: each microbatch in flight keeps
+            # its input only; the forward runs again before its backward.
+            out = torch.utils.checkpoint.checkpoint(self.module, *args, use_reentrant=False)
+        else:
+            out = self.module(*args)
+        if self.last:  # shape (1,): the schedule concatenates outputs (under eval)
+            return out.reshape(1)
+        return tuple(v.contiguous() for v in out)
+
+
+class _FinishedLoss(torch.autograd.Function):
+    """The step's loss, whose backward already ran inside the schedule."""
+
+    @staticmethod
+    def forward(ctx, anchor: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[None, None]:
+        if not bool(torch.all(grad == 1)):
+            raise PipelineError(
+                "a pipelined module runs the backward of every microbatch inside its forward, "
+                "for the loss itself (a gradient of 1): scaled losses (loss * c).backward() or "
+                "losses combined with others cannot be differentiated afterwards; scale the "
+                "learning rate instead")
+        return None, None
+
+
+class PipelineModule(nn.Module):
+    """One rank's part of a pipelined training step (see the module docstring).
+    ``module``: this rank's stage (a ``ParallelModule``); ``stage``: which stage
+    and position; ``plan``: the plan."""
+
+    def __init__(self, built: BuiltStage, traced, plan, device: torch.device) -> None:
+        super().__init__()
+        self.module = built.module
+        self.plan = plan
+        self.stage = built
+        self.microbatches = int(plan.pipeline.microbatches)
+        last = built.index == built.count - 1
+        recompute = bool(getattr(plan.pipeline.stages[built.index], "recompute", False))
+        self._pipe = PipelineStage(_SendContiguous(built.module, last, recompute), built.index,
+                                   built.count, device, input_args=built.input_metas,
+                                   output_args=built.output_metas, group=built.p2p_group)
+        self._pipe.stage_index_to_group_rank = dict(built.stage_to_group_rank)
+        m = self.microbatches
+        self._schedule = SCHEDULES[plan.pipeline.schedule](
+            self._pipe, m, loss_fn=lambda output, target: output.sum() / m, scale_grads=False)
+        self._anchor = torch.zeros((), requires_grad=True)
+        self._check = _batch_check(traced, m)
+        self._loss_dtype = built.loss_dtype
+        self._device = device
+        self._random_state: tuple | None = None
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        self._check(self, args, kwargs)
+        m = self.microbatches
+        ordered = {k: kwargs[k] for k in self._check.kwarg_names}
+        leaves = pytree.tree_leaves((tuple(args), ordered))
+        chunks = [torch.chunk(v, m, dim=0) if isinstance(v, torch.Tensor) else [v] * m
+                  for v in leaves]
+        first = self.stage.index == 0
+        arg_mbs = [tuple(c[i] for c in chunks) for i in range(m)] if first else None
+        if any(not isinstance(v, torch.Tensor) for v in leaves):
+            raise InputMismatchError("a pipelined module takes tensor inputs only")
+        losses: list[torch.Tensor] = []
+        targets = [None] * m
+        with self._stage_random():
+            if torch.is_grad_enabled():
+                # Data-parallel gradients are summed once, after the last microbatch.
+                with self.module.gradient_sync.deferred():
+                    self._schedule.step(arg_mbs=arg_mbs, target_mbs=targets, losses=losses,
+                                        return_outputs=False)
+            else:
+                self._schedule.eval(arg_mbs=arg_mbs, target_mbs=targets, losses=losses)
+        if torch.is_grad_enabled():
+            self._sum_shared_gradients()
+        total = torch.zeros((), dtype=self._loss_dtype, device=self._device)
+        if losses:
+            total = torch.stack([v.detach().reshape(()) for v in losses]).sum()
+        dist.broadcast(total, src=self.stage.loss_source_rank, group=self.stage.pipeline_group)
+        if not torch.is_grad_enabled():
+            return total
+        return _FinishedLoss.apply(self._anchor, total)
+
+    @contextlib.contextmanager
+    def _stage_random(self) -> Iterator[None]:
+        """Random ops (dropout) draw from this stage's own stream: the ranks of a
+        stage alike (as ``generate`` requires), other stages independently (from
+        the caller's generator they would all draw the same first numbers, and
+        equal-shaped dropouts of different stages would share masks). The stream
+        is seeded once from the caller's generator plus the stage index and kept
+        between calls; the caller's generator does not move."""
+        devices = [self._device] if self._device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            if self._random_state is None:
+                base = int(torch.randint(0, 2**31 - 1, ()).item())
+                torch.manual_seed(base + 1_000_003 * self.stage.index)
+            else:
+                torch.set_rng_state(self._random_state[0])
+                if devices:
+                    torch.cuda.set_rng_state(self._random_state[1], self._device)
+            yield
+            self._random_state = (torch.get_rng_state(),
+                                  torch.cuda.get_rng_state(self._device) if devices else None)
+
+    def _sum_shared_gradients(self) -> None:
+        """Weights several stages hold (tied) get the sum of their gradients."""
+        for names, group in self.stage.shared:
+            params = [self.module.get_parameter(n) for n in names]
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=group)
+            offset = 0
+            for p in params:
+                n = p.numel()
+                summed = flat[offset:offset + n].view_as(p)
+                if p.grad is None:
+                    p.grad = summed.clone()
+                else:
+                    p.grad.copy_(summed)
+                offset += n
+
+
+def _batch_check(traced, microbatches: int) -> InputCheck:
+    """The inputs' check: the traced (one microbatch's) shapes with dim 0 times
+    the number of microbatches."""
+    leaves: list[tuple[str, object]] = []
+    placeholders = {n.name: n for n in traced.graph.nodes if n.op == "placeholder"}
+    for name in traced.user_input_nodes:
+        val = placeholders[name].meta.get("val")
+        if isinstance(val, torch.Tensor):
+            shape = tuple(int(s) for s in val.shape)
+            if not shape:
+                raise InvalidPipelineError(f"input {name} is a scalar: pipelined inputs are "
+                                           "split into microbatches along dim 0")
+            leaves.append((name, ((shape[0] * microbatches, *shape[1:]), val.dtype)))
+        else:
+            leaves.append((name, val))
+    return InputCheck(traced.exported.call_spec.in_spec, leaves)
