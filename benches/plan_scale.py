@@ -125,7 +125,13 @@ def main() -> None:
                           f"step {r['step_ms']:7.2f} ms gap {r['gap']:.3f} peak "
                           f"{r['peak_gib']:.2f} GiB ckpt {r['checkpoint_blocks']} "
                           f"RSS {result['peak_rss_gib']:.2f} GiB", flush=True)
-                old, new = result["new"], result.get("reduced")
+                old, exact = result["new"], result.get("exact")
+                if exact is not None and "error" not in exact and "error" not in old:
+                    print(f"{name:12} {mesh_text:6} {fraction:4.2f}x new/exact: step "
+                          f"{old['step_ms'] / exact['step_ms']:.4f}x (exact's own gap to its "
+                          f"bound {exact['gap']:.4f}), total "
+                          f"{old['total_s'] / exact['total_s']:.2f}x", flush=True)
+                new = result.get("reduced")
                 if new is not None and "error" not in new and "error" not in old:
                     print(f"{name:12} {mesh_text:6} {fraction:4.2f}x reduced/new: total "
                           f"{new['total_s'] / old['total_s']:.2f}x (after tracing "
