@@ -188,26 +188,26 @@ def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
             cut = first if rep < times_repeated - 1 else end
             unit.out_bytes, unit.out_grad_bytes = float(fwd_cross[cut]), float(bwd_cross[cut])
             units.append(unit)
-    # Each placeholder belongs to every unit that reads it (a tied weight to two).
+    # Each placeholder belongs to every unit that reads it; a tied weight (read
+    # as two placeholders) is its canonical one: every stage reading it holds a
+    # copy with its gradient and optimizer state.
     for name, positions in readers.items():
-        node = table.nodes[name]
-        c = choice[name]
-        canonical = node.tied_to or name
+        canonical = table.nodes[name].tied_to or name
+        node, c = table.nodes[canonical], choice[canonical]
+        grad = float(node.grad_bytes[c]) if node.kind == "parameter" else 0.0
+        held = float(node.state_bytes[c]) + float(node.input_bytes[c])
         for unit in units:
-            if not any(unit.first <= p <= unit.last for p in positions):
-                continue
             key = (canonical, unit.repeat)
-            grad = float(node.grad_bytes[c]) if node.kind == "parameter" else 0.0
-            held = float(node.state_bytes[c]) + float(node.input_bytes[c])
-            if key in unit.state:
+            if key in unit.state or not any(unit.first <= p <= unit.last for p in positions):
                 continue
             unit.state[key] = (held, grad)
-            if grad > 0:
-                grads[key] = grad
-                unit.largest_param_bytes = max(unit.largest_param_bytes, grad)
-                if node.optimizer_s is not None:
-                    unit.optimizer_s += float(node.optimizer_s[c])
-                if canonical in deferred:
-                    axes, nbytes = deferred[canonical]
-                    unit.sync_s += table.mesh.all_reduce_cost_s(nbytes, axes)
+            if grad <= 0:
+                continue
+            grads[key] = grad
+            unit.largest_param_bytes = max(unit.largest_param_bytes, grad)
+            if node.optimizer_s is not None:
+                unit.optimizer_s += float(node.optimizer_s[c])
+            if canonical in deferred:
+                axes, nbytes = deferred[canonical]
+                unit.sync_s += table.mesh.all_reduce_cost_s(nbytes, axes)
     return Chain(order, units, grads)

@@ -4,9 +4,10 @@ units it prices (``pipeline_chain``), the best stage boundaries
 (``pipeline_partition``); the fastest over ``n``, beside the intra-op plan of
 the whole batch on the whole mesh (``n = 1``), is the plan.
 
-The submesh plan is made once per ``n`` without a memory budget and without
-checkpointing: the budget binds per stage, on the stage's own parameters and
-in-flight activations, and the partition enforces it."""
+The submesh plan is made once per ``n``, without checkpointing, within ``n``
+times the budget (it holds the whole model, a stage about ``1/n`` of it): the
+budget binds per stage, on the stage's own parameters and in-flight
+activations, and the partition enforces it."""
 
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
                     intra_op_error: InfeasibleBudgetError | None = None,
                     explicit: bool = False) -> Plan:
     """The fastest plan over the stage ``counts`` (see the module docstring).
-    ``traced``/``profile``: one microbatch; ``plan_submesh(submesh)`` returns
-    the submesh's intra-op plan and its strategy table; ``intra_op``: the
+    ``traced``/``profile``: one microbatch; ``plan_submesh(submesh, budget)``
+    returns the submesh's intra-op plan within ``budget`` and its strategy table; ``intra_op``: the
     whole batch's plan on the whole mesh (None: not searched or infeasible,
     ``intra_op_error`` says why). ``explicit``: the caller asked for exactly
     these counts (too few units is then an ``InvalidPipelineError``)."""
@@ -62,11 +63,19 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
     for n in tried:
         stages = cut_mesh(mesh, n)
         start = time.perf_counter()
-        sub_plan, table = plan_submesh(stages.submesh)
-        chain = build_chain(traced, profile, table, choice_of_plan(table, sub_plan), blocks,
-                            stacks)
-        found = best_partition(chain, stages, microbatches, schedule, memory_budget_bytes,
-                               optimizer)
+        # The submesh plan holds the whole model where a stage holds about 1/n
+        # of it: its budget is n times the stage's (the partition checks the
+        # real one per stage).
+        try:
+            sub_plan, table = plan_submesh(
+                stages.submesh, None if memory_budget_bytes is None else memory_budget_bytes * n)
+        except InfeasibleBudgetError:
+            sub_plan = found = None
+        if sub_plan is not None:
+            chain = build_chain(traced, profile, table, choice_of_plan(table, sub_plan), blocks,
+                                stacks)
+            found = best_partition(chain, stages, microbatches, schedule, memory_budget_bytes,
+                                   optimizer)
         seconds = time.perf_counter() - start
         candidates.append({"stages": n, "submesh_shape": list(stages.submesh_shape),
                            "step_s": None if found is None else found.step_s,

@@ -242,9 +242,9 @@ def _plan_pipelined(model, example_inputs, mesh, memory_budget_bytes, counts, mi
         profile = profile_traced(traced, options["optimizer"])
     trace_s = time.perf_counter() - t0
 
-    def plan_submesh(submesh: DeviceMesh):
+    def plan_submesh(submesh: DeviceMesh, budget: float | None):
         tables: list = []
-        found = plan_traced(traced, profile, submesh, None, trace_s=trace_s,
+        found = plan_traced(traced, profile, submesh, budget, trace_s=trace_s,
                             checkpointing="off", verify=False, tables=tables, **options)
         return found, tables[-1]
 
