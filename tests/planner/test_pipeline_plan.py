@@ -224,7 +224,8 @@ def test_partition_is_optimal_against_brute_force(seed):
     times, saved, state = rng.uniform(0.1, 1, k), rng.uniform(0, 10, k), rng.uniform(0, 10, k)
     budget = float(rng.uniform(20, 60))
     stages = cut_mesh(DeviceMesh((n,), alpha_s=1e-3, bandwidth_bytes_per_s=1e6), n)
-    found = best_partition(_chain(times, saved, state), stages, m, "1f1b", budget)
+    found = best_partition(_chain(times, saved, state), stages, m, "1f1b", budget,
+                           recompute=False)
     best = np.inf
     for cuts in itertools.combinations(range(1, k), n - 1):
         bounds = list(zip((0, *cuts), (*cuts, k)))
@@ -240,3 +241,15 @@ def test_partition_is_optimal_against_brute_force(seed):
         assert found is None
         return
     assert found is not None and found.step_s == pytest.approx(best)
+
+
+def test_a_stage_recomputes_to_fit():
+    stages = cut_mesh(DeviceMesh((2,)), 2)
+    # Two units of 1e4 saved bytes per stage, four microbatches in flight: 8e4
+    # plain; recomputed, four stage inputs of 1e3 and one microbatch's 2e4.
+    chain = _chain(np.ones(4), np.full(4, 1e4), np.ones(4))
+    assert best_partition(chain, stages, 4, "gpipe", 3e4, recompute=False) is None
+    found = best_partition(chain, stages, 4, "gpipe", 3e4)
+    assert found is not None and all(found.recompute)
+    plain = best_partition(chain, stages, 4, "gpipe", None)
+    assert not any(plain.recompute) and plain.step_s < found.step_s

@@ -9,6 +9,9 @@ sends (the activations to ``k + 1``, the gradient back to ``k - 1``), each
 stage's peak memory under the budget. GPipe and 1F1B share the latency;
 they differ in the microbatches in flight: GPipe keeps all ``M``
 microbatches' saved activations, 1F1B at most ``n - k`` on stage ``k``.
+A stage whose activations do not fit may recompute: its forward runs again
+before its backward (one more forward per microbatch), keeping only its
+input per microbatch in flight and one microbatch's activations at a time.
 
 The max term makes the objective non-additive: for a cap ``T`` on every
 ``t_k``, the least ``sum(t_k)`` is a plain DP (``O(n K^2)`` vectorised), and
@@ -42,6 +45,9 @@ class Partition:
     tail_s: float  # gradient sync and optimizer after the last microbatch
     tied_s: float  # tied weights' gradient all-reduce between stages
     step_s: float
+    #: Per stage: it recomputes its forward in the backward (activation
+    #: checkpointing of the whole stage: only its input is kept per microbatch).
+    recompute: list[bool]
 
 
 def in_flight(schedule: str, microbatches: int, stages: int, k: int) -> int:
@@ -93,9 +99,10 @@ class _Ranges:
 
 
 def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbatches: int,
-                    schedule: str, budget: float | None, optimizer):
+                    schedule: str, budget: float | None, optimizer, recompute: bool):
     """Per stage index ``k``: the time matrix ``t[a, b]`` (inf where the range is
-    empty or over the budget) and the peak memory matrix."""
+    empty or over the budget), the peak memory matrix, and where the stage
+    recomputes its forward to fit (``recompute``: allowed)."""
     n, k_units = stages.count, ranges.K
     units = chain.units
     empty = np.tril(np.ones((k_units + 1, k_units + 1), dtype=bool))
@@ -104,7 +111,7 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
                          for k in range(n - 1)]).reshape(n - 1, k_units)
     send_bwd = np.array([[stages.send_s(k, k - 1, u.out_grad_bytes) for u in units]
                          for k in range(1, n)]).reshape(n - 1, k_units)
-    times, peaks = [], []
+    times, peaks, recomputed = [], [], []
     for k in range(n):
         t = ranges.compute[0] + ranges.compute[1]
         if k < n - 1:  # the activations at the stage's end go to the next stage
@@ -112,12 +119,21 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
         if k > 0:  # the gradient at its start goes back
             t = t + np.concatenate([[0.0], send_bwd[k - 1]])[:, None]
         flight = in_flight(schedule, microbatches, n, k)
+        optimizer_step = ranges.state + factor * ranges.largest
         peak = np.maximum(ranges.state + flight * ranges.saved + ranges.transient,
-                          ranges.state + factor * ranges.largest)
-        bad = empty | (peak > budget if budget is not None else False)
-        times.append(np.where(bad, np.inf, t))
-        peaks.append(peak)
-    return times, peaks
+                          optimizer_step)
+        # Recomputed: each microbatch in flight keeps only the stage's input; one
+        # microbatch's activations come back while its backward runs.
+        inputs = np.concatenate([[0.0], [u.out_bytes for u in units]])[:, None]
+        lean = np.maximum(ranges.state + flight * inputs + ranges.saved + ranges.transient,
+                          optimizer_step)
+        fits = ~empty & (peak <= budget if budget is not None else True)
+        lean_fits = ~empty & (lean <= budget if budget is not None else True) & ~fits \
+            & recompute
+        times.append(np.where(fits, t, np.where(lean_fits, t + ranges.compute[0], np.inf)))
+        peaks.append(np.where(fits, peak, lean))
+        recomputed.append(lean_fits)
+    return times, peaks, recomputed
 
 
 def _least_sum(times: list[np.ndarray], cap: float):
@@ -143,15 +159,17 @@ def _least_sum(times: list[np.ndarray], cap: float):
 
 
 def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedule: str,
-                   budget: float | None, optimizer="adamw") -> Partition | None:
+                   budget: float | None, optimizer="adamw",
+                   recompute: bool = True) -> Partition | None:
     """The fastest split of ``chain`` over ``stages`` (see the module docstring);
-    None when there are fewer units than stages or no split fits ``budget``."""
+    None when there are fewer units than stages or no split fits ``budget``.
+    ``recompute``: a stage that does not fit may recompute its forward."""
     ranges = _Ranges(chain)
     n = stages.count
     if ranges.K < n:
         return None
-    times, peaks = _stage_matrices(chain, ranges, stages, microbatches, schedule, budget,
-                                   optimizer)
+    times, peaks, recomputed = _stage_matrices(chain, ranges, stages, microbatches, schedule,
+                                               budget, optimizer, recompute)
     caps = np.unique(np.concatenate([t[np.isfinite(t)] for t in times]))
     if caps.size == 0:
         return None
@@ -181,27 +199,29 @@ def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedul
             break  # the cap does not matter: the least sum is the optimum
     if best_bounds is None:
         return None
-    return _describe(chain, ranges, stages, best_bounds, times, peaks, microbatches)
+    return _describe(chain, ranges, stages, best_bounds, peaks, recomputed, microbatches)
 
 
-def _describe(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds, times, peaks,
+def _describe(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds, peaks, recomputed,
               microbatches: int) -> Partition:
     units = chain.units
     n = stages.count
     forward, backward = [], []
     send = [stages.send_s(k, k + 1, units[b - 1].out_bytes) for k, (_, b) in
             enumerate(bounds[:-1])]
+    recompute = [bool(recomputed[k][a, b]) for k, (a, b) in enumerate(bounds)]
     for k, (a, b) in enumerate(bounds):
         back = stages.send_s(k, k - 1, units[a - 1].out_grad_bytes) if k > 0 else 0.0
+        again = float(ranges.compute[0][a, b]) if recompute[k] else 0.0
         forward.append(float(ranges.compute[0][a, b]) + (send[k] if k < n - 1 else 0.0))
-        backward.append(float(ranges.compute[1][a, b]) + back)
+        backward.append(float(ranges.compute[1][a, b]) + back + again)
     t = [f + b for f, b in zip(forward, backward)]
     tail = max(float(ranges.tail[a, b]) for a, b in bounds)
     tied = _tied_s(chain, ranges, stages, bounds)
     step = sum(t) + (microbatches - 1) * max(t) + tail + tied
     return Partition(list(bounds), forward, backward,
                      [float(peaks[k][a, b]) for k, (a, b) in enumerate(bounds)],
-                     send, tail, tied, step)
+                     send, tail, tied, step, recompute)
 
 
 def _tied_s(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds) -> float:

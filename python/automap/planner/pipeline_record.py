@@ -35,6 +35,10 @@ class StageRecord:
     #: in (0 otherwise).
     first_repeat: int = 0
     last_repeat: int = 0
+    #: The stage checkpoints its whole forward: per microbatch in flight only
+    #: its input is kept, and the forward runs again before the backward
+    #: (``predicted_backward_s`` includes it).
+    recompute: bool = False
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -43,7 +47,7 @@ class StageRecord:
 
     @classmethod
     def from_dict(cls, data: dict) -> StageRecord:
-        return cls(**{"first_repeat": 0, "last_repeat": 0, **data,
+        return cls(**{"first_repeat": 0, "last_repeat": 0, "recompute": False, **data,
                       "ranks": tuple(data["ranks"])})
 
 

@@ -111,7 +111,8 @@ def _pipelined(sub_plan: Plan, partition: Partition, stages, chain, microbatches
             ranks=stages.stage_ranks[k], predicted_forward_s=partition.forward_s[k],
             predicted_backward_s=partition.backward_s[k],
             predicted_peak_memory_bytes=partition.peak_bytes[k],
-            first_repeat=first.repeat, last_repeat=last.repeat))
+            first_repeat=first.repeat, last_repeat=last.repeat,
+            recompute=partition.recompute[k]))
     record = PipelineRecord(
         mesh=stages.mesh.to_dict(), submesh_shape=stages.submesh_shape,
         microbatches=microbatches, schedule=schedule, stages=tuple(records),

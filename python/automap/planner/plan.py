@@ -282,11 +282,13 @@ class Plan:
             rows.append((str(stage.index), f"{first} .. {last}", shown,
                          f"{stage.predicted_forward_s * 1e3:.3f}",
                          f"{stage.predicted_backward_s * 1e3:.3f}",
-                         format_bytes(stage.predicted_peak_memory_bytes)))
-        head = ("stage", "nodes", "ranks", "forward ms", "backward ms", "peak")
-        widths = [max(len(head[c]), *(len(r[c]) for r in rows)) for c in range(6)]
-        lines.append("  " + "  ".join(f"{h:{w}}" for h, w in zip(head, widths)))
-        lines.extend("  " + "  ".join(f"{c:{w}}" for c, w in zip(r, widths)) for r in rows)
+                         format_bytes(stage.predicted_peak_memory_bytes),
+                         "recomputes its forward" if stage.recompute else ""))
+        head = ("stage", "nodes", "ranks", "forward ms", "backward ms", "peak", "")
+        widths = [max(len(head[c]), *(len(r[c]) for r in rows)) for c in range(7)]
+        lines.append(("  " + "  ".join(f"{h:{w}}" for h, w in zip(head, widths))).rstrip())
+        lines.extend(("  " + "  ".join(f"{c:{w}}" for c, w in zip(r, widths))).rstrip()
+                     for r in rows)
         sends = ", ".join(f"{s * 1e3:.3f}" for s in pipe.send_s)
         lines.append(f"  activation sends per microbatch (ms, per boundary): {sends or '-'}; "
                      f"after the last microbatch: gradient sync and optimizer "

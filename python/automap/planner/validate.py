@@ -47,7 +47,8 @@ PIPELINE_FIELDS = {"mesh": dict, "submesh_shape": list, "microbatches": "index",
                    "send_s": list, "intra_op_step_s": "seconds?"}
 #: Written since the stage search fills them (absent: zero).
 OPTIONAL_PIPELINE_FIELDS = {"tail_s": "seconds", "tied_s": "seconds"}
-OPTIONAL_PIPELINE_STAGE_FIELDS = {"first_repeat": "index", "last_repeat": "index"}
+OPTIONAL_PIPELINE_STAGE_FIELDS = {"first_repeat": "index", "last_repeat": "index",
+                                  "recompute": bool}
 PIPELINE_STAGE_FIELDS = {"index": "index", "first_node": str, "last_node": str, "ranks": list,
                          "predicted_forward_s": "seconds", "predicted_backward_s": "seconds",
                          "predicted_peak_memory_bytes": "bytes"}
