@@ -30,10 +30,12 @@ INTRA_NODE_ALPHA_S, INTRA_NODE_BANDWIDTH = 2e-6, 3e11
 CROSS_NODE_ALPHA_S = 1e-5
 CROSS_NODE_BANDWIDTH = {"slow": 2.5e10, "fast": 4e11}
 DEVICES_PER_NODE = 8
-#: GPT-3 family configs (Brown et al., table 2.1), bf16.
-CONFIGS = {"gpt3-1.3b": dict(n_layer=24, n_embd=2048, n_head=16),
-           "gpt3-6.7b": dict(n_layer=32, n_embd=4096, n_head=32),
+#: GPT-3 family configs (Brown et al., table 2.1; 13B's width rounded to a
+#: multiple of its heads) and two sizes between (Megatron-LM's 39B and 76B), bf16.
+CONFIGS = {"gpt3-6.7b": dict(n_layer=32, n_embd=4096, n_head=32),
            "gpt3-13b": dict(n_layer=40, n_embd=5120, n_head=40),
+           "gpt3-39b": dict(n_layer=48, n_embd=8192, n_head=64),
+           "gpt3-76b": dict(n_layer=60, n_embd=10240, n_head=80),
            "gpt3-175b": dict(n_layer=96, n_embd=12288, n_head=96)}
 
 

@@ -4,10 +4,13 @@ units it prices (``pipeline_chain``), the best stage boundaries
 (``pipeline_partition``); the fastest over ``n``, beside the intra-op plan of
 the whole batch on the whole mesh (``n = 1``), is the plan.
 
-The submesh plan is made once per ``n``, without checkpointing, within ``n``
-times the budget (it holds the whole model, a stage about ``1/n`` of it): the
-budget binds per stage, on the stage's own parameters and in-flight
-activations, and the partition enforces it."""
+The submesh plan is made without checkpointing, within ``n`` times the
+budget (it holds the whole model, a stage about ``1/n`` of it); while the
+stages fit only by recomputing (a stage keeps up to ``n`` microbatches in
+flight), leaner plans are tried (``leaner_budgets``). The budget binds per
+stage, on the stage's own parameters and in-flight activations, and the
+partition enforces it. Planning cost: one to three intra-op plans per ``n``,
+never one per boundary choice."""
 
 from __future__ import annotations
 
@@ -39,6 +42,19 @@ def unit_count(traced, blocks, stacks) -> int:
     return count
 
 
+#: Shares of the first submesh plan's activations that leaner plans keep.
+LEANER_ACTIVATIONS = (0.5, 0.25)
+
+
+def leaner_budgets(found: Plan) -> list[float]:
+    """Budgets for submesh plans keeping a share of ``found``'s activations
+    (``LEANER_ACTIVATIONS``): its state is the whole model's, so a budget alone
+    scaled down would cut nothing but activations anyway."""
+    activations = found.memory_breakdown.get("activations", 0.0)
+    return [found.predicted_peak_memory_bytes - activations * (1 - share)
+            for share in LEANER_ACTIVATIONS if activations > 0]
+
+
 def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int], *,
                     microbatches: int, schedule: str, optimizer, blocks, stacks,
                     plan_submesh: Callable, intra_op: Plan | None,
@@ -63,19 +79,28 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
     for n in tried:
         stages = cut_mesh(mesh, n)
         start = time.perf_counter()
-        # The submesh plan holds the whole model where a stage holds about 1/n
-        # of it: its budget is n times the stage's (the partition checks the
-        # real one per stage).
-        try:
-            sub_plan, table = plan_submesh(
-                stages.submesh, None if memory_budget_bytes is None else memory_budget_bytes * n)
-        except InfeasibleBudgetError:
-            sub_plan = found = None
-        if sub_plan is not None:
-            chain = build_chain(traced, profile, table, choice_of_plan(table, sub_plan), blocks,
-                                stacks)
-            found = best_partition(chain, stages, microbatches, schedule, memory_budget_bytes,
-                                   optimizer)
+        found, sub_plan, chain = None, None, None
+        budgets = [None if memory_budget_bytes is None else memory_budget_bytes * n]
+        leaner = leanest = False  # each tried once
+        while budgets:
+            try:
+                plan_n, table = plan_submesh(stages.submesh, budgets.pop(0))
+            except InfeasibleBudgetError as err:
+                least = err.smallest_feasible_budget_bytes
+                if leanest or not least:
+                    break
+                budgets, leanest, leaner = [float(least) * (1 + 1e-6)], True, True
+                continue
+            chain_n = build_chain(traced, profile, table, choice_of_plan(table, plan_n), blocks,
+                                  stacks)
+            split = best_partition(chain_n, stages, microbatches, schedule,
+                                   memory_budget_bytes, optimizer)
+            if split is not None and (found is None or split.step_s < found.step_s):
+                found, sub_plan, chain = split, plan_n, chain_n
+            if found is not None and not any(found.recompute):
+                break  # a leaner intra-op plan would be slower
+            if not leaner and memory_budget_bytes is not None:
+                budgets, leaner = leaner_budgets(plan_n), True
         seconds = time.perf_counter() - start
         candidates.append({"stages": n, "submesh_shape": list(stages.submesh_shape),
                            "step_s": None if found is None else found.step_s,
