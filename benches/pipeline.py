@@ -5,7 +5,7 @@ the meta device (no weights, depth-reduced like ``plan_scale.py``) with
 the intra-op-only plan's predicted step, the best pipeline plan's (over the
 stage counts > 1 that cut the mesh), and what the search chose.
 
-    python benches/pipeline.py [--models gpt3-6.7b,gpt3-13b,gpt3-175b] [--nodes 2,4]
+    python benches/pipeline.py [--models gpt3-13b,gpt3-39b,gpt3-76b,gpt3-175b] [--nodes 2,4,8]
                                [--links slow,fast] [--microbatches 8] [--batch 16]
                                [--budget-gib 80] [--json]
 """
@@ -82,8 +82,8 @@ def row(name: str, nodes: int, link: str, batch: int, microbatches: int,
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--models", default="gpt3-6.7b,gpt3-13b,gpt3-175b")
-    parser.add_argument("--nodes", default="2,4")
+    parser.add_argument("--models", default="gpt3-13b,gpt3-39b,gpt3-76b,gpt3-175b")
+    parser.add_argument("--nodes", default="2,4,8")
     parser.add_argument("--links", default="slow,fast")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--microbatches", type=int, default=8)

@@ -235,7 +235,7 @@ class Plan:
 
     def summary(self) -> str:
         if self.pipeline is not None:
-            return self._pipeline_summary()
+            return self._pipeline_summary(self.pipeline)
         budget = ("no memory budget" if self.memory_budget_bytes is None
                   else f"budget {format_bytes(self.memory_budget_bytes)}"
                   + (", binding" if self.memory_binding else ""))
@@ -252,8 +252,7 @@ class Plan:
             + f"; solver {self.solver.get('status')} "
             f"in {self.solver.get('solve_s', 0):.2f} s, gap {self.solver.get('gap', 0):.2g}")
 
-    def _pipeline_summary(self) -> str:
-        pipe = self.pipeline
+    def _pipeline_summary(self, pipe: PipelineRecord) -> str:
         budget = ("no memory budget" if self.memory_budget_bytes is None
                   else f"budget {format_bytes(self.memory_budget_bytes)}")
         intra = ("intra-op only: not searched" if pipe.intra_op_step_s is None else
@@ -266,9 +265,8 @@ class Plan:
                 f"({intra}), peak memory {format_bytes(self.predicted_peak_memory_bytes)} "
                 f"per device ({budget})")
 
-    def _pipeline_lines(self) -> list[str]:
+    def _pipeline_lines(self, pipe: PipelineRecord) -> list[str]:
         """The stages: node range, ranks, per-microbatch times and peak memory."""
-        pipe = self.pipeline
         lines = [f"pipeline stages ({pipe.schedule}, {pipe.microbatches} microbatches; every "
                  f"stage runs the nodes below on its submesh {tuple(pipe.submesh_shape)} with "
                  f"the specs of this plan; times per microbatch on one rank, with the sends):"]
@@ -326,7 +324,7 @@ class Plan:
         ``max_rows``: the slowest nodes listed (None: all)."""
         lines = [self.summary(), ""]
         if self.pipeline is not None:
-            lines.extend([*self._pipeline_lines(), ""])
+            lines.extend([*self._pipeline_lines(self.pipeline), ""])
         listed = [n for n in self.nodes.values() if n.kind not in ("output",)]
         listed.sort(key=lambda n: -(n.compute_s + n.forward_comm_s + n.backward_comm_s))
         shown = listed if max_rows is None else listed[:max_rows]

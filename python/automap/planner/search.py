@@ -206,7 +206,8 @@ def plan(
                    merge_followers=merge_followers, tie_blocks=tie_blocks or bool(stacks),
                    stacks=stacks, strategy_filter=strategy_filter,
                    exact_columns=exact_columns, reduce_formulation=reduce_formulation)
-    found, intra_op_error = None, None
+    found: Plan | None = None
+    intra_op_error: InfeasibleBudgetError | None = None
     if 1 in counts:
         try:
             found = plan_best(traced, profile, meshes, memory_budget_bytes, trace_s=t1 - t0,
@@ -221,6 +222,7 @@ def plan(
                                 microbatches, schedule, loss_fn or default_loss,
                                 mixed_precision, reduce_depth, found, intra_op_error,
                                 explicit=pipeline != "auto", **options)
+    assert found is not None  # n = 1 planned, or the pipeline search returned or raised
     found.inputs = describe_inputs(example_inputs)
     return found
 
