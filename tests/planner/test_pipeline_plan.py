@@ -96,6 +96,13 @@ def test_more_stages_than_layers_is_refused():
         automap.plan(model, (x,), DeviceMesh((8,)), loss_fn=_loss, pipeline=8, **SPEEDS)
 
 
+def test_a_pipeline_over_the_budget_is_refused():
+    model, inputs = _mlp(256)
+    with pytest.raises(automap.InfeasibleBudgetError, match="no pipeline of"):
+        automap.plan(model, inputs, DeviceMesh((4,)), 1e4, loss_fn=_loss, pipeline=2,
+                     **SPEEDS)
+
+
 def test_mesh_cuts():
     mesh = DeviceMesh((2, 4), alpha_s=[1e-5, 1e-6], bandwidth_bytes_per_s=[1e9, 1e11])
     assert stage_counts(mesh) == [1, 2, 4, 8]
@@ -220,7 +227,7 @@ def _chain(times, saved, state) -> Chain:
 @pytest.mark.parametrize("seed", range(6))
 def test_partition_is_optimal_against_brute_force(seed):
     rng = np.random.default_rng(seed)
-    k, n, m = 7, 3, int(rng.integers(1, 6))
+    k, n, m = 7, 3, int(rng.integers(1, 4)) if seed % 2 else 1
     times, saved, state = rng.uniform(0.1, 1, k), rng.uniform(0, 10, k), rng.uniform(0, 10, k)
     budget = float(rng.uniform(20, 60))
     stages = cut_mesh(DeviceMesh((n,), alpha_s=1e-3, bandwidth_bytes_per_s=1e6), n)

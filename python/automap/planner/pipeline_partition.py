@@ -173,9 +173,11 @@ def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedul
     caps = np.unique(np.concatenate([t[np.isfinite(t)] for t in times]))
     if caps.size == 0:
         return None
-    floor, _ = _least_sum(times, np.inf)
-    if not np.isfinite(floor):
+    floor, free = _least_sum(times, np.inf)
+    if free is None:
         return None
+    if microbatches == 1:  # no max term: the least sum is the optimum
+        return _describe(chain, ranges, stages, free, peaks, recomputed, microbatches)
     # The least feasible cap, by bisection over the sorted stage times.
     lo, hi = 0, caps.size - 1
     while lo < hi:
@@ -195,8 +197,6 @@ def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedul
         latency = total + (microbatches - 1) * worst
         if latency < best_s:
             best_s, best_bounds = latency, bounds
-        if microbatches == 1:
-            break  # the cap does not matter: the least sum is the optimum
     if best_bounds is None:
         return None
     return _describe(chain, ranges, stages, best_bounds, peaks, recomputed, microbatches)

@@ -117,7 +117,9 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
                 raise intra_op_error
             raise InfeasibleBudgetError(
                 f"no pipeline of {tried} stages fits a memory budget of "
-                f"{memory_budget_bytes:.4g} bytes per device", None)
+                f"{memory_budget_bytes or 0:.4g} bytes per device, even with stages "
+                f"recomputing their forward; raise the budget, use more stages or devices",
+                None)
         intra_op.solver["pipeline_candidates"] = candidates
         return intra_op
     _, sub_plan, partition, (stages, chain) = best
