@@ -260,3 +260,23 @@ def test_a_stage_recomputes_to_fit():
     assert found is not None and all(found.recompute)
     plain = best_partition(chain, stages, 4, "gpipe", None)
     assert not any(plain.recompute) and plain.step_s < found.step_s
+
+
+def test_depth_reduced_stages_count_every_layer():
+    """A depth-reduced plan (6 layers, 2 traced) splits the real layers: the
+    last traced block stands for 5, and stages start and end in its repeats."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(GPT2Config(n_layer=6, n_embd=64, n_head=4, vocab_size=256,
+                                           n_positions=16))
+        ids = torch.randint(0, 256, (4, 16))
+    plan = automap.plan(model, {"input_ids": ids, "labels": ids}, DeviceMesh((4,)),
+                        pipeline=4, microbatches=2, reduce_depth=True, **SPEEDS)
+    stages = plan.pipeline.stages
+    assert [(s.first_repeat, s.last_repeat) for s in stages] == [(0, 0), (1, 2), (3, 4),
+                                                                  (0, 0)]
+    assert stages[1].first_node == stages[2].first_node  # the same traced block
+    again = Plan.from_dict(plan.to_dict())
+    assert again.pipeline == plan.pipeline
+    assert "#1" in plan.explain()
