@@ -1,7 +1,8 @@
 """Pipeline planning (issue 18): GPT-3-like models on clusters of N nodes x 8
 devices, the cross-node links slow (25 GB/s) or fast (400 GB/s), planned on
 the meta device (no weights, depth-reduced like ``plan_scale.py``) with
-``pipeline="auto"``. One row per model x cluster x link: planning seconds,
+``pipeline="auto"``. One row per model x cluster x link: planning seconds (of
+which the stage search: its submesh plans and DPs over every stage count),
 the intra-op-only plan's predicted step, the best pipeline plan's (over the
 stage counts > 1 that cut the mesh), and what the search chose.
 
@@ -73,6 +74,7 @@ def row(name: str, nodes: int, link: str, batch: int, microbatches: int,
         chosen = f"intra-op only on {p.mesh.shape}, peak " \
                  f"{p.predicted_peak_memory_bytes / 2**30:.1f} GiB"
     return {"model": name, "nodes": nodes, "link": link, "plan_s": plan_s,
+            "stage_search_s": sum(c["search_s"] for c in p.solver.get("pipeline_candidates", [])),
             "intra_op_ms": None if intra is None else intra * 1e3,
             "pipeline_ms": None if best_pipe is None else best_pipe["step_s"] * 1e3,
             "pipeline_stages": None if best_pipe is None else best_pipe["stages"],
@@ -95,7 +97,8 @@ def main() -> None:
     warnings.simplefilter("ignore")
     budget = args.budget_gib * 2**30 if args.budget_gib > 0 else None
     if not args.json:
-        print(f"{'model':10} {'cluster':8} {'x-node':6} {'plan s':>7} {'intra-op ms':>12} "
+        print(f"{'model':10} {'cluster':8} {'x-node':6} {'plan s':>7} {'(stages s)':>10} "
+              f"{'intra-op ms':>12} "
               f"{'pipeline ms':>12} {'(stages)':>8}  chosen", flush=True)
     for name in args.models.split(","):
         for nodes in (int(n) for n in args.nodes.split(",")):
@@ -113,7 +116,8 @@ def main() -> None:
                 def ms(v):
                     return f"{v:12.1f}" if v is not None else f"{'-':>12}"
 
-                print(f"{name:10} {cluster:8} {link:6} {r['plan_s']:7.1f} {ms(r['intra_op_ms'])} "
+                print(f"{name:10} {cluster:8} {link:6} {r['plan_s']:7.1f} "
+                      f"{r['stage_search_s']:10.1f} {ms(r['intra_op_ms'])} "
                       f"{ms(r['pipeline_ms'])} {str(r['pipeline_stages'] or '-'):>8}  "
                       f"{r['chosen']}", flush=True)
 
