@@ -11,7 +11,9 @@ import numbers
 
 import numpy as np
 
-from automap.errors import InvalidArgumentError
+from automap.errors import InvalidArgumentError, InvalidPipelineError
+from automap.planner.pipeline_mesh import stage_counts
+from automap.planner.pipeline_record import SCHEDULES
 from automap.trace.optimizer_names import OPTIMIZER_NAMES
 
 #: Largest memory budget (4 EiB): the checkpointing DP counts bytes in 64 bits.
@@ -88,3 +90,48 @@ def check_costs(table, mesh, flops_per_s: float) -> None:
             f"node {where} would take {worst:.3g} s per step (more than {MAX_NODE_S:g} s) at "
             f"flops_per_s={flops_per_s:g} and the mesh's links (alpha_s={list(mesh.alpha_s)}, "
             f"bandwidth_bytes_per_s={list(mesh.bandwidth_bytes_per_s)}); check these figures")
+
+
+def check_pipeline(pipeline, microbatches, schedule, batch: int | None, mesh) -> list[int]:
+    """The stage counts to try (``[1]``: intra-op only) for ``pipeline`` ("off",
+    "auto" or a number of stages) on ``mesh``; an ``InvalidPipelineError`` for a
+    schedule that is unknown or not supported, microbatches that are not a
+    positive divisor of the example batch ``batch`` (dim 0 of every input
+    tensor; None: the inputs have none), or a stage count that does not cut the
+    mesh into equal submeshes (``automap.planner.pipeline_mesh``)."""
+    if not isinstance(schedule, str) or schedule not in SCHEDULES:
+        raise InvalidPipelineError(f"schedule must be one of {list(SCHEDULES)}, got "
+                                   f"{schedule!r}")
+    if schedule == "interleaved":
+        raise InvalidPipelineError("schedule 'interleaved' (virtual stages) is not supported "
+                                   "yet; use '1f1b' or 'gpipe'")
+    if not _is_int(microbatches) or microbatches < 1:
+        raise InvalidPipelineError(f"microbatches must be an integer >= 1, got "
+                                   f"{microbatches!r}")
+    if microbatches > 1 and batch is None:
+        raise InvalidPipelineError(
+            f"microbatches={microbatches} needs example inputs whose tensors share a batch "
+            "dimension (dim 0) to split")
+    if batch is not None and batch % microbatches:
+        raise InvalidPipelineError(f"microbatches={microbatches} does not divide the example "
+                                   f"batch of {batch}")
+    allowed = stage_counts(mesh)
+    if pipeline == "off":
+        return [1]
+    if pipeline == "auto":
+        return allowed
+    if not _is_int(pipeline) or pipeline < 1:
+        raise InvalidPipelineError(f"pipeline must be 'off', 'auto' or a number of stages >= 1, "
+                                   f"got {pipeline!r}")
+    if pipeline > mesh.size:
+        raise InvalidPipelineError(f"pipeline={pipeline} stages need at least {pipeline} "
+                                   f"devices; the mesh {mesh.shape} has {mesh.size}")
+    if pipeline not in allowed:
+        raise InvalidPipelineError(
+            f"pipeline={pipeline} stages do not cut the mesh {mesh.shape} into equal submeshes "
+            f"along its leading axes; stage counts that do: {allowed}")
+    return [int(pipeline)]
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

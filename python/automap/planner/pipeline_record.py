@@ -30,6 +30,15 @@ class StageRecord:
     predicted_backward_s: float
     #: The stage's peak per rank with the schedule's in-flight microbatches.
     predicted_peak_memory_bytes: float
+    #: In a depth-reduced plan (estimates only), the traced block that stands
+    #: for several real ones repeats: which repeat the stage starts and ends
+    #: in (0 otherwise).
+    first_repeat: int = 0
+    last_repeat: int = 0
+    #: The stage checkpoints its whole forward: per microbatch in flight only
+    #: its input is kept, and the forward runs again before the backward
+    #: (``predicted_backward_s`` includes it).
+    recompute: bool = False
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -38,7 +47,8 @@ class StageRecord:
 
     @classmethod
     def from_dict(cls, data: dict) -> StageRecord:
-        return cls(**{**data, "ranks": tuple(data["ranks"])})
+        return cls(**{"first_repeat": 0, "last_repeat": 0, "recompute": False, **data,
+                      "ranks": tuple(data["ranks"])})
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,11 @@ class PipelineRecord:
     #: The best intra-op-only plan's predicted step on the whole mesh, for
     #: comparison (None: not searched).
     intra_op_step_s: float | None = None
+    #: Of ``predicted_step_s``: the gradient sync and optimizer step after the
+    #: last microbatch (the slowest stage's), and the all-reduce of weights
+    #: tied across stages.
+    tail_s: float = 0.0
+    tied_s: float = 0.0
 
     def to_dict(self) -> dict:
         return {
@@ -71,6 +86,8 @@ class PipelineRecord:
             "predicted_step_s": self.predicted_step_s,
             "send_s": list(self.send_s),
             "intra_op_step_s": self.intra_op_step_s,
+            "tail_s": self.tail_s,
+            "tied_s": self.tied_s,
         }
 
     @classmethod
@@ -87,6 +104,8 @@ class PipelineRecord:
             send_s=tuple(float(s) for s in data["send_s"]),
             intra_op_step_s=(None if data.get("intra_op_step_s") is None
                              else float(data["intra_op_step_s"])),
+            tail_s=float(data.get("tail_s", 0.0)),
+            tied_s=float(data.get("tied_s", 0.0)),
         )
 
     @property

@@ -234,6 +234,8 @@ class Plan:
         return state_placements(self, model)
 
     def summary(self) -> str:
+        if self.pipeline is not None:
+            return self._pipeline_summary(self.pipeline)
         budget = ("no memory budget" if self.memory_budget_bytes is None
                   else f"budget {format_bytes(self.memory_budget_bytes)}"
                   + (", binding" if self.memory_binding else ""))
@@ -249,6 +251,51 @@ class Plan:
             + checkpointing
             + f"; solver {self.solver.get('status')} "
             f"in {self.solver.get('solve_s', 0):.2f} s, gap {self.solver.get('gap', 0):.2g}")
+
+    def _pipeline_summary(self, pipe: PipelineRecord) -> str:
+        budget = ("no memory budget" if self.memory_budget_bytes is None
+                  else f"budget {format_bytes(self.memory_budget_bytes)}")
+        intra = ("intra-op only: not searched" if pipe.intra_op_step_s is None else
+                 f"intra-op only on the whole mesh {tuple(pipe.mesh['shape'])}: "
+                 f"{pipe.intra_op_step_s * 1e3:.3f} ms")
+        return (f"pipeline plan: {_count(pipe.stage_count, 'stage')} of submesh "
+                f"{tuple(pipe.submesh_shape)} over mesh {tuple(pipe.mesh['shape'])}, "
+                f"{pipe.microbatches} microbatch{'es' if pipe.microbatches != 1 else ''} "
+                f"({pipe.schedule}): predicted step {self.predicted_step_s * 1e3:.3f} ms "
+                f"({intra}), peak memory {format_bytes(self.predicted_peak_memory_bytes)} "
+                f"per device ({budget})")
+
+    def _pipeline_lines(self, pipe: PipelineRecord) -> list[str]:
+        """The stages: node range, ranks, per-microbatch times and peak memory."""
+        lines = [f"pipeline stages ({pipe.schedule}, {pipe.microbatches} microbatches; every "
+                 f"stage runs the nodes below on its submesh {tuple(pipe.submesh_shape)} with "
+                 f"the specs of this plan; times per microbatch on one rank, with the sends):"]
+        rows = []
+        for stage in pipe.stages:
+            first = stage.first_node + (f"#{stage.first_repeat}" if stage.first_repeat else "")
+            last = stage.last_node + (f"#{stage.last_repeat}" if stage.last_repeat else "")
+            ranks = list(stage.ranks)
+            shown = (f"{ranks}" if len(ranks) <= 8 else
+                     f"[{ranks[0]}, {ranks[1]}, ..., {ranks[-1]}] ({len(ranks)})")
+            rows.append((str(stage.index), f"{first} .. {last}", shown,
+                         f"{stage.predicted_forward_s * 1e3:.3f}",
+                         f"{stage.predicted_backward_s * 1e3:.3f}",
+                         format_bytes(stage.predicted_peak_memory_bytes),
+                         "recomputes its forward" if stage.recompute else ""))
+        head = ("stage", "nodes", "ranks", "forward ms", "backward ms", "peak", "")
+        widths = [max(len(head[c]), *(len(r[c]) for r in rows)) for c in range(7)]
+        lines.append(("  " + "  ".join(f"{h:{w}}" for h, w in zip(head, widths))).rstrip())
+        lines.extend(("  " + "  ".join(f"{c:{w}}" for c, w in zip(r, widths))).rstrip()
+                     for r in rows)
+        sends = ", ".join(f"{s * 1e3:.3f}" for s in pipe.send_s)
+        lines.append(f"  activation sends per microbatch (ms, per boundary): {sends or '-'}; "
+                     f"after the last microbatch: gradient sync and optimizer "
+                     f"{pipe.tail_s * 1e3:.3f} ms, tied weights' all-reduce "
+                     f"{pipe.tied_s * 1e3:.3f} ms")
+        if pipe.intra_op_step_s is not None:
+            lines.append(f"  predicted step: pipeline {pipe.predicted_step_s * 1e3:.3f} ms vs "
+                         f"intra-op only {pipe.intra_op_step_s * 1e3:.3f} ms")
+        return lines
 
     def _memory_lines(self) -> list[str]:
         """The predicted peak per device and what is live there, by category."""
@@ -276,6 +323,8 @@ class Plan:
         alternatives, the layout conversions, and which constraint binds.
         ``max_rows``: the slowest nodes listed (None: all)."""
         lines = [self.summary(), ""]
+        if self.pipeline is not None:
+            lines.extend([*self._pipeline_lines(self.pipeline), ""])
         listed = [n for n in self.nodes.values() if n.kind not in ("output",)]
         listed.sort(key=lambda n: -(n.compute_s + n.forward_comm_s + n.backward_comm_s))
         shown = listed if max_rows is None else listed[:max_rows]

@@ -26,8 +26,11 @@ from automap.planner.checks import (
     check_costs,
     check_flops,
     check_optimizer,
+    check_pipeline,
     check_time_limit,
 )
+from automap.planner.microbatch import example_batch, microbatch_inputs
+from automap.planner.pipeline_search import search_pipeline
 from automap.planner.plan import EdgePlan, NodePlan, Plan, current_versions, graph_fingerprint
 from automap.planner.plan import format_bytes as _size
 from automap.planner.step_time import shared_gradient_savings, step_time
@@ -122,6 +125,9 @@ def plan(
     exact_columns: float = EXACT_COLUMNS,
     mixed_precision: MixedPrecision | str | None = None,
     reduce_formulation: bool = False,
+    pipeline: str | int = "off",
+    microbatches: int = 1,
+    schedule: str = "1f1b",
     verbose: bool = False,
 ) -> Plan:
     """Search the intra-op sharding plan of ``model`` on ``mesh`` (a
@@ -150,6 +156,14 @@ def plan(
     the low dtype's bytes and matmuls at its FLOP/s, measured in that dtype unless
     ``flops_per_s`` is given); the plan records it (``plan.mixed_precision``).
 
+    ``pipeline`` (issue 18): ``"off"`` (intra-op only), a number of stages, or
+    ``"auto"`` (every stage count that cuts the mesh, 1 included, the fastest
+    kept): the mesh's leading axes are cut into equal submeshes, one intra-op
+    plan of one of ``microbatches`` microbatches is made on the submesh, and
+    the stage boundaries minimise the ``schedule``'s step (``"1f1b"`` or
+    ``"gpipe"``) within the budget per stage (``automap.planner.pipeline_search``);
+    the plan's ``pipeline`` records the stages.
+
     ``verify``: run one training step of the generated program on fake tensors
     (``automap.generate.simulate``) and report its peak memory; within a budget,
     plan again until it fits (unless ``reduce_depth``, whose plans are estimates).
@@ -172,6 +186,8 @@ def plan(
     check_time_limit(time_limit_s)
     check_choice(checkpointing, "checkpointing", CHECKPOINTING)
     meshes, known = candidate_meshes(mesh)
+    counts = check_pipeline(pipeline, microbatches, schedule, example_batch(example_inputs),
+                            meshes[0])
     t0 = time.perf_counter()
     # Plans cover the whole training step, so the graph ends in the loss.
     depth: contextlib.AbstractContextManager[list] = (
@@ -186,14 +202,59 @@ def plan(
         dtype=parameter_dtype(traced))
     t1 = time.perf_counter()
     log.debug("traced and profiled %d nodes in %.2f s", len(traced.nodes), t1 - t0)
-    found = plan_best(traced, profile, meshes, memory_budget_bytes, optimizer=optimizer,
-                      device=device, strict=strict, time_limit_s=time_limit_s,
-                      merge_followers=merge_followers, tie_blocks=tie_blocks or bool(stacks),
-                      stacks=stacks, strategy_filter=strategy_filter, trace_s=t1 - t0,
-                      checkpointing=checkpointing, verify=verify, verbose=verbose,
-                      exact_columns=exact_columns, reduce_formulation=reduce_formulation)
+    options = dict(optimizer=optimizer, device=device, strict=strict, time_limit_s=time_limit_s,
+                   merge_followers=merge_followers, tie_blocks=tie_blocks or bool(stacks),
+                   stacks=stacks, strategy_filter=strategy_filter,
+                   exact_columns=exact_columns, reduce_formulation=reduce_formulation)
+    found: Plan | None = None
+    intra_op_error: InfeasibleBudgetError | None = None
+    if 1 in counts:
+        try:
+            found = plan_best(traced, profile, meshes, memory_budget_bytes, trace_s=t1 - t0,
+                              checkpointing=checkpointing, verify=verify, verbose=verbose,
+                              **options)
+        except InfeasibleBudgetError as err:
+            if counts == [1]:
+                raise
+            intra_op_error = err
+    if counts != [1]:
+        found = _plan_pipelined(model, example_inputs, meshes[0], memory_budget_bytes, counts,
+                                microbatches, schedule, loss_fn or default_loss,
+                                mixed_precision, reduce_depth, found, intra_op_error,
+                                explicit=pipeline != "auto", **options)
+    assert found is not None  # n = 1 planned, or the pipeline search returned or raised
     found.inputs = describe_inputs(example_inputs)
     return found
+
+
+def _plan_pipelined(model, example_inputs, mesh, memory_budget_bytes, counts, microbatches,
+                    schedule, loss_fn, mixed_precision, reduce_depth, intra_op,
+                    intra_op_error, explicit, **options) -> Plan:
+    """The stage search of ``automap.planner.pipeline_search`` on one
+    microbatch of ``example_inputs``."""
+    from automap.trace.profiling import profile_traced
+    from automap.trace.tracing import trace
+
+    t0 = time.perf_counter()
+    depth: contextlib.AbstractContextManager[list] = (
+        reduced_depth(model) if reduce_depth else contextlib.nullcontext([]))
+    with depth as stacks:
+        traced = trace(model, microbatch_inputs(example_inputs, microbatches), loss_fn=loss_fn,
+                       mixed_precision=mixed_precision)
+        profile = profile_traced(traced, options["optimizer"])
+    trace_s = time.perf_counter() - t0
+
+    def plan_submesh(submesh: DeviceMesh, budget: float | None):
+        tables: list = []
+        found = plan_traced(traced, profile, submesh, budget, trace_s=trace_s,
+                            checkpointing="off", verify=False, tables=tables, **options)
+        return found, tables[-1]
+
+    return search_pipeline(traced, profile, mesh, memory_budget_bytes, counts,
+                           microbatches=microbatches, schedule=schedule,
+                           optimizer=options["optimizer"], blocks=detect_blocks(traced),
+                           stacks=stacks, plan_submesh=plan_submesh, intra_op=intra_op,
+                           intra_op_error=intra_op_error, explicit=explicit)
 
 
 def parameter_dtype(traced) -> torch.dtype:
@@ -217,12 +278,15 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 time_limit_s=60.0, merge_followers=True, tie_blocks=True, stacks=(),
                 strategy_filter=None, trace_s=0.0, verbose=False, checkpointing="auto",
                 ladder_alpha=LADDER_ALPHA, ladder_steps=LADDER_STEPS, verify=True,
-                backend=None, exact_columns=EXACT_COLUMNS, reduce_formulation=False) -> Plan:
+                backend=None, exact_columns=EXACT_COLUMNS, reduce_formulation=False,
+                tables: list | None = None) -> Plan:
     """``plan`` for an already traced and profiled graph, priced on ``device``
     (default: the given speeds, the rest measured on this process's device).
     ``exact_columns``: ILPs up to this many columns are solved exactly under
     a budget (branch and bound), larger ones by LP dives (see
-    ``automap.solve.ilp.ShardingIlp``); ``math.inf``: always exactly."""
+    ``automap.solve.ilp.ShardingIlp``); ``math.inf``: always exactly.
+    ``tables``: when given, the strategy table is appended to it (the
+    pipeline search prices stages from it)."""
     memory_budget_bytes = check_budget(memory_budget_bytes)
     optimizer = check_optimizer(optimizer)
     flops_per_s = check_flops(flops_per_s)
@@ -240,6 +304,8 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         building.result(f"{sum(len(n) for n in table.nodes.values())} strategies of "
                         f"{len(table.nodes)} nodes")
     check_costs(table, mesh, device.flops_per_s)
+    if tables is not None:
+        tables.append(table)
     if strategy_filter is not None:
         restrict(table, strategy_filter)
     t1 = time.perf_counter()

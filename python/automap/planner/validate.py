@@ -45,6 +45,10 @@ CHECKPOINT_FIELDS = {"stages": "names_list", "blocks": list, "activation_budget_
 PIPELINE_FIELDS = {"mesh": dict, "submesh_shape": list, "microbatches": "index",
                    "schedule": str, "stages": list, "predicted_step_s": "seconds",
                    "send_s": list, "intra_op_step_s": "seconds?"}
+#: Written since the stage search fills them (absent: zero).
+OPTIONAL_PIPELINE_FIELDS = {"tail_s": "seconds", "tied_s": "seconds"}
+OPTIONAL_PIPELINE_STAGE_FIELDS = {"first_repeat": "index", "last_repeat": "index",
+                                  "recompute": bool}
 PIPELINE_STAGE_FIELDS = {"index": "index", "first_node": str, "last_node": str, "ranks": list,
                          "predicted_forward_s": "seconds", "predicted_backward_s": "seconds",
                          "predicted_peak_memory_bytes": "bytes"}
@@ -174,9 +178,10 @@ def _check_value(where: str, value, kind) -> None:
     elif kind == "mixed_precision":
         _check_mixed_precision(where, value)
     elif kind == "pipeline":
-        _check_record(where, value, PIPELINE_FIELDS)
+        _check_record(where, value, PIPELINE_FIELDS, OPTIONAL_PIPELINE_FIELDS)
         for i, stage in enumerate(value["stages"] if isinstance(value["stages"], list) else ()):
-            _check_record(f"{where}.stages[{i}]", stage, PIPELINE_STAGE_FIELDS)
+            _check_record(f"{where}.stages[{i}]", stage, PIPELINE_STAGE_FIELDS,
+                          OPTIONAL_PIPELINE_STAGE_FIELDS)
     else:  # pragma: no cover - the tables above name only the kinds handled here
         raise AssertionError(kind)
 
@@ -315,6 +320,83 @@ def check_consistency(plan) -> None:
                 _fail(f"{where}.shape", edge.shape, str(exc))
     if plan.checkpoint is not None:
         _check_checkpoint(plan.checkpoint)
+    if plan.pipeline is not None:
+        _check_pipeline(plan)
+
+
+def _check_pipeline(plan) -> None:
+    """The stages partition the pipeline's mesh into submeshes of the plan's
+    mesh shape (stage 0's ranks are the plan's mesh), and cover the computed
+    nodes in contiguous ranges, in order; the schedule is known."""
+    from automap.planner.pipeline_record import SCHEDULES
+    from automap.sharding.mesh import DeviceMesh
+
+    pipe = plan.pipeline
+    if pipe.schedule not in SCHEDULES:
+        _fail("pipeline.schedule", pipe.schedule, f"schedules are {list(SCHEDULES)}")
+    if not _is_int(pipe.microbatches) or pipe.microbatches < 1:
+        _fail("pipeline.microbatches", pipe.microbatches, "it must be an integer >= 1")
+    try:
+        whole = DeviceMesh.from_dict(pipe.mesh)
+    except AutomapError as exc:
+        raise InvalidPlanError(f"plan field pipeline.mesh: {exc}") from None
+    if tuple(pipe.submesh_shape) != plan.mesh.shape:
+        _fail("pipeline.submesh_shape", list(pipe.submesh_shape),
+              f"it must be the plan's mesh shape {list(plan.mesh.shape)}")
+    if not pipe.stages:
+        _fail("pipeline.stages", [], "a pipeline has at least one stage")
+    size = math.prod(pipe.submesh_shape)
+    seen: set[int] = set()
+    for k, stage in enumerate(pipe.stages):
+        where = f"pipeline.stages[{k}]"
+        if stage.index != k:
+            _fail(f"{where}.index", stage.index, f"stages are numbered in order ({k})")
+        ranks = list(stage.ranks)
+        if len(ranks) != size or not all(_is_int(r) for r in ranks) or \
+                seen & set(ranks) or len(set(ranks)) != size or \
+                not set(ranks) <= set(whole.ranks):
+            _fail(f"{where}.ranks", ranks, f"each stage holds {size} distinct ranks of the "
+                  f"pipeline's mesh, no rank in two stages")
+        seen.update(ranks)
+    if seen != set(whole.ranks):
+        _fail("pipeline.stages", f"{len(seen)} ranks", f"the stages must cover the pipeline's "
+              f"mesh of {whole.size} ranks")
+    if tuple(pipe.stages[0].ranks) != plan.mesh.ranks:
+        _fail("pipeline.stages[0].ranks", list(pipe.stages[0].ranks),
+              f"stage 0's ranks are the plan's mesh ranks {list(plan.mesh.ranks)}")
+    if len(pipe.send_s) != len(pipe.stages) - 1:
+        _fail("pipeline.send_s", list(pipe.send_s), "it has one entry per stage boundary")
+    order = [n.name for n in plan.nodes.values()
+             if n.op != "placeholder" and n.kind != "output"]
+    position = {name: i for i, name in enumerate(order)}
+    reduced = bool(plan.solver.get("reduced_depth"))
+    previous = None
+    for k, stage in enumerate(pipe.stages):
+        where = f"pipeline.stages[{k}]"
+        for end in ("first_node", "last_node"):
+            if getattr(stage, end) not in position:
+                _fail(f"{where}.{end}", getattr(stage, end), "it must name a computed node "
+                      "of the plan")
+        if not reduced and (stage.first_repeat or stage.last_repeat):
+            _fail(f"{where}.first_repeat", stage.first_repeat, "only a depth-reduced plan "
+                  "has repeated blocks")
+        first = (position[stage.first_node], stage.first_repeat)
+        last = (position[stage.last_node], stage.last_repeat)
+        if first > last and not reduced:
+            _fail(f"{where}.last_node", stage.last_node, f"it comes before the stage's first "
+                  f"node {stage.first_node}")
+        if previous is None:
+            if first[0] != 0:
+                _fail(f"{where}.first_node", stage.first_node, f"the first stage starts at "
+                      f"the first computed node {order[0]}")
+        elif not (first[0] == previous[0] + 1 and first[1] == 0
+                  or reduced and first[1] == previous[1] + 1):
+            _fail(f"{where}.first_node", stage.first_node, f"stages are contiguous: it must "
+                  f"follow the previous stage's last node {order[previous[0]]}")
+        previous = last
+    if previous is not None and previous[0] != len(order) - 1:
+        _fail(f"pipeline.stages[{len(pipe.stages) - 1}].last_node", pipe.stages[-1].last_node,
+              f"the last stage ends at the last computed node {order[-1]}")
 
 
 def _check_checkpoint(ck) -> None:

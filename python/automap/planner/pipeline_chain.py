@@ -1,0 +1,213 @@
+"""The intra-op plan of one microbatch as a chain of units a pipeline stage
+boundary may fall between, each with its per-microbatch forward and backward
+seconds, its memory and the bytes that cross the cut after it.
+
+Cuts fall where the traced graph's computed nodes (graph order) split into a
+prefix and a suffix that the linearized chain (``automap.solve.linearize``)
+also splits there: the prefix is exactly its first stages. Where repeated
+blocks were found (``automap.solve.blocks``), only the block boundaries
+(each instance's start, the end of the last) are kept, so stages hold whole
+transformer layers. A depth-reduced plan's last traced block stands for the
+blocks that were cut: its unit repeats that many times (each repeat with
+parameters of its own), the cut between two repeats carrying what crosses
+from one traced block into the next.
+
+Per node the times follow ``automap.planner.step_time`` (the compute split by
+profiled FLOPs, the node's own collectives, the conversions into it), without
+the data-parallel gradient buckets: those gradients are all-reduced once per
+step, after the last microbatch (``sync_s``). Memory per node follows
+``automap.solve.memory.plan_memory``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from automap.planner.step_time import FORWARD_SHARE_WITHOUT_FLOPS, deferred_gradients
+from automap.solve.depth import instance_repeats
+from automap.solve.fsdp import fused_backward_delta_s, parameter_grad_axes
+from automap.solve.linearize import linearize
+from automap.solve.memory import plan_memory, timeline
+from automap.solve.shared_gradients import table_shared_gradients
+from automap.solve.strategies import ShardCounts
+
+
+@dataclass
+class Unit:
+    """One unit of the chain: traced nodes ``order[first:last + 1]`` (one repeat
+    of them); seconds per microbatch on one rank of a stage."""
+
+    first: int
+    last: int
+    repeat: int  # which repeat of a depth-reduced block (0 otherwise)
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    optimizer_s: float = 0.0  # once per step
+    sync_s: float = 0.0  # the deferred gradients' all-reduce, once per step
+    saved_bytes: float = 0.0  # kept from a microbatch's forward to its backward
+    transient_bytes: float = 0.0  # the largest while one node runs
+    #: Parameters, buffers and inputs it reads: key -> (bytes held the whole
+    #: step, gradient bytes); a key is (placeholder, repeat).
+    state: dict = field(default_factory=dict)
+    #: Local bytes crossing the cut after this unit: forward, and the gradient back.
+    out_bytes: float = 0.0
+    out_grad_bytes: float = 0.0
+    largest_param_bytes: float = 0.0  # sizes the optimizer step's temporaries
+
+
+@dataclass
+class Chain:
+    order: list[str]  # the traced graph's computed nodes, graph order
+    units: list[Unit]
+    #: Trainable parameter key -> local gradient bytes (tied weights' sync).
+    grads: dict
+
+
+def cut_positions(traced, order: list[str], blocks) -> list[int]:
+    """Positions ``p`` (0 < p < len(order)) where a stage may start: the first
+    ``p`` nodes are exactly some first stages of the linearized chain; block
+    boundaries only, when there are blocks and any falls there."""
+    position = {name: i for i, name in enumerate(order)}
+    stages = [[position[n] for n in stage if n in position] for stage in linearize(traced)]
+    stages = [s for s in stages if s]
+    cuts, seen = set(), -1
+    for s in range(len(stages) - 1):
+        seen = max(seen, max(stages[s]))
+        rest = min(min(t) for t in stages[s + 1:])
+        if seen < rest:
+            cuts.add(rest)
+    wanted = set()
+    for block in blocks:
+        spans = [[position[n] for n in inst if n in position] for inst in block.instances]
+        spans = [s for s in spans if s]
+        wanted.update(min(s) for s in spans)
+        if spans:
+            wanted.add(max(spans[-1]) + 1)
+    preferred = cuts & wanted
+    return sorted(preferred or cuts)
+
+
+def _node_times(profile, table, choice) -> dict[str, tuple[float, float]]:
+    """Per node (forward_s, backward_s) of one microbatch, without the deferred
+    gradients' all-reduce."""
+    mesh = table.mesh
+    into_fwd: dict[str, float] = {}
+    into_bwd: dict[str, float] = {}
+    for edge, _, _, path in table.conversions(choice):
+        consumer = edge[2]
+        into_fwd[consumer] = into_fwd.get(consumer, 0.0) + path.forward_cost_s
+        backward_s = path.backward_cost_s
+        grad_axes = parameter_grad_axes(table, edge[0], consumer, edge[3], [choice[consumer]])
+        if grad_axes is not None:
+            info = table.nodes[edge[0]].outputs[edge[1]]
+            backward_s += fused_backward_delta_s(mesh, str(path.src), str(path.dst), info.shape,
+                                                 info.dtype_bytes, grad_axes[0])
+        into_bwd[consumer] = into_bwd.get(consumer, 0.0) + backward_s
+    deferred = deferred_gradients(table, choice)
+    shared: dict[str, float] = {}
+    for group in table_shared_gradients(table, choice):
+        cost = mesh.all_reduce_cost_s(group.local_bytes, group.axes)
+        for consumer, _ in group.readers[1:]:
+            shared[consumer] = shared.get(consumer, 0.0) + cost
+    times = {}
+    for name, node in table.nodes.items():
+        c = choice[name]
+        prof = profile.by_name.get(name) if profile is not None else None
+        flops = (prof.fwd_flops + prof.bwd_flops) if prof is not None else 0
+        share = prof.fwd_flops / flops if flops else FORWARD_SHARE_WITHOUT_FLOPS
+        compute = float(node.compute_s[c])
+        bwd_comm = float(node.backward_comm_s[c]) - shared.get(name, 0.0)
+        for producer, _ in node.inputs:
+            param = table.nodes[producer].tied_to or producer
+            if param in deferred:
+                axes, nbytes = deferred[param]
+                bwd_comm -= mesh.all_reduce_cost_s(nbytes, axes)
+        times[name] = (compute * share + float(node.forward_comm_s[c]) + into_fwd.get(name, 0.0),
+                       compute * (1 - share) + max(bwd_comm, 0.0) + into_bwd.get(name, 0.0))
+    return times
+
+
+def crossing_bytes(table, choice, order: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per cut position ``p`` (0 .. len(order)): local bytes of the computed
+    tensors made before ``p`` and read at or after it, and of their gradients."""
+    position = {name: i for i, name in enumerate(order)}
+    shard_count = ShardCounts(table.mesh)
+    last: dict[tuple[str, int], int] = {}
+    for producer, o, consumer, _ in table.edges():
+        if producer in position and consumer in position:
+            last[(producer, o)] = max(last.get((producer, o), -1), position[consumer])
+    fwd, bwd = np.zeros(len(order) + 2), np.zeros(len(order) + 2)
+    for (producer, o), reader in last.items():
+        start = position[producer]
+        if reader <= start:
+            continue
+        node = table.nodes[producer]
+        info = node.outputs[o]
+        local = info.nbytes / shard_count(node.out_specs[choice[producer]][o])
+        # crosses the cuts start + 1 .. reader
+        fwd[start + 1] += local
+        fwd[reader + 1] -= local
+        if info.is_float:
+            bwd[start + 1] += local
+            bwd[reader + 1] -= local
+    return np.cumsum(fwd)[:len(order) + 1], np.cumsum(bwd)[:len(order) + 1]
+
+
+def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
+    """The units of the plan ``choice`` picks from ``table`` (see the module
+    docstring); ``blocks`` and ``stacks`` as the planner found them."""
+    line = timeline(table)
+    order = line.order
+    memory = plan_memory(table, choice, line)
+    times = _node_times(profile, table, choice)
+    cuts = cut_positions(traced, order, blocks)
+    fwd_cross, bwd_cross = crossing_bytes(table, choice, order)
+    repeats = instance_repeats(blocks, list(stacks)) if stacks else {}
+    deferred = deferred_gradients(table, choice)
+    readers: dict[str, list[int]] = {}
+    for producer, _, consumer, _ in table.edges():
+        if consumer in line.position and table.nodes[producer].kind in (
+                "parameter", "buffer", "constant", "input"):
+            readers.setdefault(producer, []).append(line.position[consumer])
+    bounds = [0, *cuts, len(order)]
+    units: list[Unit] = []
+    grads: dict = {}
+    for first, end in zip(bounds[:-1], bounds[1:]):
+        times_repeated = max((repeats.get(order[i], 1) for i in range(first, end)), default=1)
+        for rep in range(times_repeated):
+            unit = Unit(first, end - 1, rep)
+            for i in range(first, end):
+                f, b = times[order[i]]
+                unit.forward_s += f
+                unit.backward_s += b
+                unit.saved_bytes += float(memory.saved[i])
+                unit.transient_bytes = max(unit.transient_bytes, float(memory.fwd[i]),
+                                           float(memory.bwd[i]))
+            # Between repeats the cut carries what crosses into the next traced block.
+            cut = first if rep < times_repeated - 1 else end
+            unit.out_bytes, unit.out_grad_bytes = float(fwd_cross[cut]), float(bwd_cross[cut])
+            units.append(unit)
+    # Each placeholder belongs to every unit that reads it; a tied weight (read
+    # as two placeholders) is its canonical one: every stage reading it holds a
+    # copy with its gradient and optimizer state.
+    for name, positions in readers.items():
+        canonical = table.nodes[name].tied_to or name
+        node, c = table.nodes[canonical], choice[canonical]
+        grad = float(node.grad_bytes[c]) if node.kind == "parameter" else 0.0
+        held = float(node.state_bytes[c]) + float(node.input_bytes[c])
+        for unit in units:
+            key = (canonical, unit.repeat)
+            if key in unit.state or not any(unit.first <= p <= unit.last for p in positions):
+                continue
+            unit.state[key] = (held, grad)
+            if grad <= 0:
+                continue
+            grads[key] = grad
+            unit.largest_param_bytes = max(unit.largest_param_bytes, grad)
+            if node.optimizer_s is not None:
+                unit.optimizer_s += float(node.optimizer_s[c])
+            if canonical in deferred:
+                axes, nbytes = deferred[canonical]
+                unit.sync_s += table.mesh.all_reduce_cost_s(nbytes, axes)
+    return Chain(order, units, grads)

@@ -1,0 +1,243 @@
+"""Stage boundaries by dynamic programming: the chain's units
+(``pipeline_chain``) split into ``n`` contiguous stages minimising the
+schedule's step
+
+    sum(t_k) + (M - 1) * max(t_k) + max_k(sync_k + optimizer_k) + tied_s
+
+with ``t_k`` stage ``k``'s forward and backward of one microbatch plus its
+sends (the activations to ``k + 1``, the gradient back to ``k - 1``), each
+stage's peak memory under the budget. GPipe and 1F1B share the latency;
+they differ in the microbatches in flight: GPipe keeps all ``M``
+microbatches' saved activations, 1F1B at most ``n - k`` on stage ``k``.
+A stage whose activations do not fit may recompute: its forward runs again
+before its backward (one more forward per microbatch), keeping only its
+input per microbatch in flight and one microbatch's activations at a time.
+
+The max term makes the objective non-additive: for a cap ``T`` on every
+``t_k``, the least ``sum(t_k)`` is a plain DP (``O(n K^2)`` vectorised), and
+the optimum is the best over caps taken from the stage times themselves,
+ascending from the least feasible cap until ``(M - 1) * T`` alone outweighs
+the best found. The gradient sync and optimizer tail and the tied weights'
+all-reduce are added after the DP (they are small next to the microbatches
+and nearly the same for every split)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from automap.planner.pipeline_chain import Chain
+from automap.planner.pipeline_mesh import StageMeshes
+from automap.solve.memory import optimizer_temp_factor
+
+#: At most this many caps are tried above the least feasible one.
+MAX_CAPS = 4000
+
+
+@dataclass
+class Partition:
+    bounds: list[tuple[int, int]]  # per stage, units [a, b)
+    forward_s: list[float]  # per stage and microbatch, with the send to the next stage
+    backward_s: list[float]  # with the gradient's send to the previous stage
+    peak_bytes: list[float]
+    send_s: list[float]  # per boundary, one microbatch's activations forward
+    tail_s: float  # gradient sync and optimizer after the last microbatch
+    tied_s: float  # tied weights' gradient all-reduce between stages
+    step_s: float
+    #: Per stage: it recomputes its forward in the backward (activation
+    #: checkpointing of the whole stage: only its input is kept per microbatch).
+    recompute: list[bool]
+
+
+def in_flight(schedule: str, microbatches: int, stages: int, k: int) -> int:
+    """Microbatches whose saved activations stage ``k`` holds at once."""
+    return microbatches if schedule == "gpipe" else min(microbatches, stages - k)
+
+
+class _Ranges:
+    """Per unit range ``[a, b)`` (matrices indexed ``[a, b]``) the sums and maxima
+    the stage costs need."""
+
+    def __init__(self, chain: Chain) -> None:
+        units = chain.units
+        self.K = k = len(units)
+
+        def sums(values) -> np.ndarray:
+            c = np.concatenate([[0.0], np.cumsum(values)])
+            return c[None, :] - c[:, None]
+
+        def maxima(values) -> np.ndarray:
+            out = np.zeros((k + 1, k + 1))
+            for a in range(k):
+                out[a, a + 1:] = np.maximum.accumulate(np.asarray(values[a:], dtype=float))
+            return out
+
+        self.compute = sums([u.forward_s for u in units]), sums([u.backward_s for u in units])
+        self.tail = sums([u.sync_s + u.optimizer_s for u in units])
+        self.saved = sums([u.saved_bytes for u in units])
+        self.transient = maxima([u.transient_bytes for u in units])
+        self.largest = maxima([u.largest_param_bytes for u in units])
+        # State read by one unit adds up; state read by several counts once per stage.
+        users: dict = {}
+        for i, unit in enumerate(units):
+            for key in unit.state:
+                users.setdefault(key, []).append(i)
+        single = np.zeros(k)
+        self.shared: list[tuple[object, list[int], float]] = []
+        for key, where in users.items():
+            held, grad = units[where[0]].state[key]
+            if len(where) == 1:
+                single[where[0]] += held + grad
+            else:
+                self.shared.append((key, where, held + grad))
+        self.state = sums(single)
+        for _, where, nbytes in self.shared:
+            count = np.zeros(k)
+            count[where] = 1
+            self.state += nbytes * (sums(count) > 0)
+
+
+def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbatches: int,
+                    schedule: str, budget: float | None, optimizer, recompute: bool):
+    """Per stage index ``k``: the time matrix ``t[a, b]`` (inf where the range is
+    empty or over the budget), the peak memory matrix, and where the stage
+    recomputes its forward to fit (``recompute``: allowed)."""
+    n, k_units = stages.count, ranges.K
+    units = chain.units
+    empty = np.tril(np.ones((k_units + 1, k_units + 1), dtype=bool))
+    factor = optimizer_temp_factor(optimizer) if optimizer is not None else 0.0
+    send_fwd = np.array([[stages.send_s(k, k + 1, u.out_bytes) for u in units]
+                         for k in range(n - 1)]).reshape(n - 1, k_units)
+    send_bwd = np.array([[stages.send_s(k, k - 1, u.out_grad_bytes) for u in units]
+                         for k in range(1, n)]).reshape(n - 1, k_units)
+    times, peaks, recomputed = [], [], []
+    for k in range(n):
+        t = ranges.compute[0] + ranges.compute[1]
+        if k < n - 1:  # the activations at the stage's end go to the next stage
+            t = t + np.concatenate([[0.0], send_fwd[k]])[None, :]
+        if k > 0:  # the gradient at its start goes back
+            t = t + np.concatenate([[0.0], send_bwd[k - 1]])[:, None]
+        flight = in_flight(schedule, microbatches, n, k)
+        optimizer_step = ranges.state + factor * ranges.largest
+        peak = np.maximum(ranges.state + flight * ranges.saved + ranges.transient,
+                          optimizer_step)
+        # Recomputed: each microbatch in flight keeps only the stage's input; one
+        # microbatch's activations come back while its backward runs.
+        inputs = np.concatenate([[0.0], [u.out_bytes for u in units]])[:, None]
+        lean = np.maximum(ranges.state + flight * inputs + ranges.saved + ranges.transient,
+                          optimizer_step)
+        fits = ~empty & (peak <= budget if budget is not None else True)
+        lean_fits = ~empty & (lean <= budget if budget is not None else True) & ~fits \
+            & recompute
+        times.append(np.where(fits, t, np.where(lean_fits, t + ranges.compute[0], np.inf)))
+        peaks.append(np.where(fits, peak, lean))
+        recomputed.append(lean_fits)
+    return times, peaks, recomputed
+
+
+def _least_sum(times: list[np.ndarray], cap: float):
+    """The split of least ``sum(t_k)`` with every ``t_k <= cap``: (sum, bounds) or
+    (inf, None)."""
+    k_units = times[0].shape[0] - 1
+    best = np.full(k_units + 1, np.inf)
+    best[0] = 0.0
+    choices = []
+    for t in times:
+        total = best[:, None] + np.where(t <= cap, t, np.inf)
+        arg = np.argmin(total, axis=0)
+        best = total[arg, np.arange(k_units + 1)]
+        choices.append(arg)
+    if not np.isfinite(best[k_units]):
+        return np.inf, None
+    bounds, b = [], k_units
+    for arg in reversed(choices):
+        a = int(arg[b])
+        bounds.append((a, b))
+        b = a
+    return float(best[k_units]), bounds[::-1]
+
+
+def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedule: str,
+                   budget: float | None, optimizer="adamw",
+                   recompute: bool = True) -> Partition | None:
+    """The fastest split of ``chain`` over ``stages`` (see the module docstring);
+    None when there are fewer units than stages or no split fits ``budget``.
+    ``recompute``: a stage that does not fit may recompute its forward."""
+    ranges = _Ranges(chain)
+    n = stages.count
+    if ranges.K < n:
+        return None
+    times, peaks, recomputed = _stage_matrices(chain, ranges, stages, microbatches, schedule,
+                                               budget, optimizer, recompute)
+    caps = np.unique(np.concatenate([t[np.isfinite(t)] for t in times]))
+    if caps.size == 0:
+        return None
+    floor, free = _least_sum(times, np.inf)
+    if free is None:
+        return None
+    if microbatches == 1:  # no max term: the least sum is the optimum
+        return _describe(chain, ranges, stages, free, peaks, recomputed, microbatches)
+    # The least feasible cap, by bisection over the sorted stage times.
+    lo, hi = 0, caps.size - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if np.isfinite(_least_sum(times, caps[mid])[0]):
+            hi = mid
+        else:
+            lo = mid + 1
+    best_s, best_bounds = np.inf, None
+    for cap in caps[lo:lo + MAX_CAPS]:
+        if floor + (microbatches - 1) * cap >= best_s:
+            break
+        total, bounds = _least_sum(times, cap)
+        if bounds is None:
+            continue
+        worst = max(times[k][a, b] for k, (a, b) in enumerate(bounds))
+        latency = total + (microbatches - 1) * worst
+        if latency < best_s:
+            best_s, best_bounds = latency, bounds
+    if best_bounds is None:
+        return None
+    return _describe(chain, ranges, stages, best_bounds, peaks, recomputed, microbatches)
+
+
+def _describe(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds, peaks, recomputed,
+              microbatches: int) -> Partition:
+    units = chain.units
+    n = stages.count
+    forward, backward = [], []
+    send = [stages.send_s(k, k + 1, units[b - 1].out_bytes) for k, (_, b) in
+            enumerate(bounds[:-1])]
+    recompute = [bool(recomputed[k][a, b]) for k, (a, b) in enumerate(bounds)]
+    for k, (a, b) in enumerate(bounds):
+        back = stages.send_s(k, k - 1, units[a - 1].out_grad_bytes) if k > 0 else 0.0
+        again = float(ranges.compute[0][a, b]) if recompute[k] else 0.0
+        forward.append(float(ranges.compute[0][a, b]) + (send[k] if k < n - 1 else 0.0))
+        backward.append(float(ranges.compute[1][a, b]) + back + again)
+    t = [f + b for f, b in zip(forward, backward)]
+    tail = max(float(ranges.tail[a, b]) for a, b in bounds)
+    tied = _tied_s(chain, ranges, stages, bounds)
+    step = sum(t) + (microbatches - 1) * max(t) + tail + tied
+    return Partition(list(bounds), forward, backward,
+                     [float(peaks[k][a, b]) for k, (a, b) in enumerate(bounds)],
+                     send, tail, tied, step, recompute)
+
+
+def _tied_s(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds) -> float:
+    """The all-reduce of each trainable weight held by several stages (a ring
+    over its holders, on the slowest link between them)."""
+    stage_of = {}
+    for k, (a, b) in enumerate(bounds):
+        for i in range(a, b):
+            stage_of[i] = k
+    total = 0.0
+    for key, where, _ in ranges.shared:
+        grad = chain.grads.get(key, 0.0)
+        holders = sorted({stage_of[i] for i in where})
+        if grad <= 0 or len(holders) < 2:
+            continue
+        p = len(holders)
+        alpha, bandwidth = stages.link_between(holders[0], holders[-1])
+        total += 2 * (p - 1) * (alpha + grad / p / bandwidth)
+    return total

@@ -1,0 +1,165 @@
+"""The stage search (issue 18): for each stage count ``n``, one intra-op plan
+of one microbatch on the submesh shape (``pipeline_mesh``), the chain of
+units it prices (``pipeline_chain``), the best stage boundaries
+(``pipeline_partition``); the fastest over ``n``, beside the intra-op plan of
+the whole batch on the whole mesh (``n = 1``), is the plan.
+
+The submesh plan is made without checkpointing, within ``n`` times the
+budget (it holds the whole model, a stage about ``1/n`` of it); while the
+stages fit only by recomputing (a stage keeps up to ``n`` microbatches in
+flight), leaner plans are tried (``leaner_budgets``). The budget binds per
+stage, on the stage's own parameters and in-flight activations, and the
+partition enforces it. Planning cost: one to three intra-op plans per ``n``,
+never one per boundary choice."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from automap.checkpoint.chain import choice_of_plan
+from automap.errors import InfeasibleBudgetError, InvalidPipelineError
+from automap.planner.pipeline_chain import build_chain, cut_positions
+from automap.planner.pipeline_mesh import cut_mesh
+from automap.planner.pipeline_partition import Partition, best_partition
+from automap.planner.pipeline_record import PipelineRecord, StageRecord
+from automap.planner.plan import Plan
+from automap.solve.depth import instance_repeats
+
+log = logging.getLogger(__name__)
+
+
+def unit_count(traced, blocks, stacks) -> int:
+    """How many units the chain of ``traced`` has (the most stages it can take)."""
+    order = [n.name for n in traced.graph.nodes if n.op == "call_function"]
+    cuts = cut_positions(traced, order, blocks)
+    repeats = instance_repeats(blocks, list(stacks)) if stacks else {}
+    count = 0
+    for first, end in zip([0, *cuts], [*cuts, len(order)]):
+        count += max((repeats.get(order[i], 1) for i in range(first, end)), default=1)
+    return count
+
+
+#: Shares of the first submesh plan's activations that leaner plans keep.
+LEANER_ACTIVATIONS = (0.5, 0.25)
+
+
+def leaner_budgets(found: Plan) -> list[float]:
+    """Budgets for submesh plans keeping a share of ``found``'s activations
+    (``LEANER_ACTIVATIONS``): its state is the whole model's, so a budget alone
+    scaled down would cut nothing but activations anyway."""
+    activations = found.memory_breakdown.get("activations", 0.0)
+    return [found.predicted_peak_memory_bytes - activations * (1 - share)
+            for share in LEANER_ACTIVATIONS if activations > 0]
+
+
+def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int], *,
+                    microbatches: int, schedule: str, optimizer, blocks, stacks,
+                    plan_submesh: Callable, intra_op: Plan | None,
+                    intra_op_error: InfeasibleBudgetError | None = None,
+                    explicit: bool = False) -> Plan:
+    """The fastest plan over the stage ``counts`` (see the module docstring).
+    ``traced``/``profile``: one microbatch; ``plan_submesh(submesh, budget)``
+    returns the submesh's intra-op plan within ``budget`` and its strategy table; ``intra_op``: the
+    whole batch's plan on the whole mesh (None: not searched or infeasible,
+    ``intra_op_error`` says why). ``explicit``: the caller asked for exactly
+    these counts (too few units is then an ``InvalidPipelineError``)."""
+    t0 = time.perf_counter()
+    units = unit_count(traced, blocks, stacks)
+    tried = [n for n in counts if n > 1]
+    if explicit and tried and tried[0] > units:
+        raise InvalidPipelineError(
+            f"pipeline={tried[0]} stages but the model splits into at most {units} stages "
+            f"(its layers and the parts before and after them)")
+    tried = [n for n in tried if n <= units]
+    candidates: list[dict] = []
+    best: tuple[float, Plan, Partition, object] | None = None
+    for n in tried:
+        stages = cut_mesh(mesh, n)
+        start = time.perf_counter()
+        found, sub_plan, chain = None, None, None
+        budgets = [None if memory_budget_bytes is None else memory_budget_bytes * n]
+        leaner = leanest = False  # each tried once
+        while budgets:
+            try:
+                plan_n, table = plan_submesh(stages.submesh, budgets.pop(0))
+            except InfeasibleBudgetError as err:
+                least = err.smallest_feasible_budget_bytes
+                if leanest or not least:
+                    break
+                budgets, leanest, leaner = [float(least) * (1 + 1e-6)], True, True
+                continue
+            chain_n = build_chain(traced, profile, table, choice_of_plan(table, plan_n), blocks,
+                                  stacks)
+            split = best_partition(chain_n, stages, microbatches, schedule,
+                                   memory_budget_bytes, optimizer)
+            if split is not None and (found is None or split.step_s < found.step_s):
+                found, sub_plan, chain = split, plan_n, chain_n
+            if found is not None and not any(found.recompute):
+                break  # a leaner intra-op plan would be slower
+            if not leaner and memory_budget_bytes is not None:
+                budgets, leaner = leaner_budgets(plan_n), True
+        seconds = time.perf_counter() - start
+        candidates.append({"stages": n, "submesh_shape": list(stages.submesh_shape),
+                           "step_s": None if found is None else found.step_s,
+                           "search_s": seconds})
+        log.info("%d stages of %s: %s (%.2f s)", n, stages.submesh_shape,
+                 "no split fits" if found is None else f"step {found.step_s * 1e3:.3f} ms",
+                 seconds)
+        if found is not None and (best is None or found.step_s < best[0]):
+            best = (found.step_s, sub_plan, found, (stages, chain))
+    intra_s = intra_op.predicted_step_s if intra_op is not None else None
+    if best is None or (intra_s is not None and intra_s <= best[0] and not explicit):
+        if intra_op is None:
+            if intra_op_error is not None:
+                raise intra_op_error
+            raise InfeasibleBudgetError(
+                f"no pipeline of {tried} stages fits a memory budget of "
+                f"{memory_budget_bytes or 0:.4g} bytes per device, even with stages "
+                f"recomputing their forward; raise the budget, use more stages or devices",
+                None)
+        intra_op.solver["pipeline_candidates"] = candidates
+        return intra_op
+    _, sub_plan, partition, (stages, chain) = best
+    return _pipelined(sub_plan, partition, stages, chain, microbatches, schedule,
+                      memory_budget_bytes, intra_s, candidates, time.perf_counter() - t0)
+
+
+def _pipelined(sub_plan: Plan, partition: Partition, stages, chain, microbatches: int,
+               schedule: str, budget, intra_s, candidates, search_s: float) -> Plan:
+    units, order = chain.units, chain.order
+    records = []
+    for k, (a, b) in enumerate(partition.bounds):
+        first, last = units[a], units[b - 1]
+        records.append(StageRecord(
+            index=k, first_node=order[first.first], last_node=order[last.last],
+            ranks=stages.stage_ranks[k], predicted_forward_s=partition.forward_s[k],
+            predicted_backward_s=partition.backward_s[k],
+            predicted_peak_memory_bytes=partition.peak_bytes[k],
+            first_repeat=first.repeat, last_repeat=last.repeat,
+            recompute=partition.recompute[k]))
+    record = PipelineRecord(
+        mesh=stages.mesh.to_dict(), submesh_shape=stages.submesh_shape,
+        microbatches=microbatches, schedule=schedule, stages=tuple(records),
+        predicted_step_s=partition.step_s, send_s=tuple(partition.send_s),
+        intra_op_step_s=intra_s, tail_s=partition.tail_s, tied_s=partition.tied_s)
+    peak = max(partition.peak_bytes)
+    worst = partition.peak_bytes.index(peak)
+    forward = sum(partition.forward_s)
+    backward = sum(partition.backward_s)
+    solver = {**sub_plan.solver, "pipeline_candidates": candidates,
+              "pipeline_search_s": search_s}
+    return dataclasses.replace(
+        sub_plan, predicted_step_s=partition.step_s,
+        predicted_peak_memory_bytes=peak,
+        memory_budget_bytes=budget,
+        memory_binding=False,
+        memory_breakdown={"stage peak (parameters, optimizer state, gradients, in-flight "
+                          "activations, temporaries)": peak},
+        memory_breakdown_at=f"stage {worst} (pipeline memory model)",
+        memory_timeline=None,
+        step_time={**sub_plan.step_time, "pipeline_forward_s": forward,
+                   "pipeline_backward_s": backward},
+        solver=solver, pipeline=record)

@@ -1,0 +1,282 @@
+"""The pipeline stage search (issue 18, planner side): argument checks before
+any tracing, stages that cover the graph and partition the mesh, the choice
+between pipeline and intra-op only by the cut axis's link, the DP against
+brute force, and the plan record's round trip and validation. Meta tensors,
+no process group."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import automap
+from automap import DeviceMesh, InvalidPlanError
+from automap.errors import InvalidPipelineError
+from automap.planner.pipeline_chain import Chain, Unit
+from automap.planner.pipeline_mesh import cut_mesh, stage_counts
+from automap.planner.pipeline_partition import best_partition, in_flight
+from automap.planner.plan import Plan
+from automap.planner.validate import content_fingerprint
+
+SPEEDS = dict(flops_per_s=1e10, memory_bandwidth_bytes_per_s=1e11, op_overhead_s=1e-7)
+
+
+class DeepMLP(nn.Module):
+    """Wide layers, small activations: gradients weigh more than activations."""
+
+    def __init__(self, width: int = 1024, layers: int = 4) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    return out.pow(2).mean()
+
+
+def _mlp(width: int = 1024, batch: int = 8):
+    with torch.device("meta"):
+        return DeepMLP(width), (torch.randn(batch, width),)
+
+
+class _Untraceable(nn.Module):
+    def forward(self, x):
+        raise AssertionError("traced before the pipeline arguments were checked")
+
+
+def _computed(plan: Plan) -> list[str]:
+    return [n.name for n in plan.nodes.values() if n.op != "placeholder" and n.kind != "output"]
+
+
+def _check_stages(plan: Plan, stages: int, mesh: DeviceMesh) -> None:
+    pipe = plan.pipeline
+    assert pipe is not None and pipe.stage_count == stages
+    order = _computed(plan)
+    assert pipe.stages[0].first_node == order[0] and pipe.stages[-1].last_node == order[-1]
+    for before, after in zip(pipe.stages, pipe.stages[1:]):
+        assert order.index(after.first_node) == order.index(before.last_node) + 1
+    ranks = [r for s in pipe.stages for r in s.ranks]
+    assert sorted(ranks) == sorted(mesh.ranks)
+    assert plan.mesh.ranks == pipe.stages[0].ranks
+    assert plan.mesh.shape == tuple(pipe.submesh_shape)
+    assert plan.predicted_step_s == pipe.predicted_step_s
+    assert all(s.predicted_forward_s > 0 and s.predicted_backward_s > 0 for s in pipe.stages)
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(pipeline=2, microbatches=3), "does not divide the example batch of 8"),
+    (dict(pipeline=2, microbatches=0), "microbatches must be an integer >= 1"),
+    (dict(pipeline=8), "need at least 8 devices"),
+    (dict(pipeline=3), "do not cut the mesh"),
+    (dict(pipeline="sometimes"), "pipeline must be 'off', 'auto' or a number"),
+    (dict(pipeline=2, schedule="zigzag"), "schedule must be one of"),
+    (dict(pipeline=2, schedule="interleaved"), "not supported yet"),
+])
+def test_bad_pipeline_arguments_are_refused_before_tracing(options, match):
+    with torch.device("meta"):
+        x = torch.randn(8, 4)
+    with pytest.raises(InvalidPipelineError, match=match):
+        automap.plan(_Untraceable(), (x,), DeviceMesh((4,)), loss_fn=_loss, **SPEEDS,
+                     **options)
+
+
+def test_more_stages_than_layers_is_refused():
+    with torch.device("meta"):
+        model, x = nn.Linear(16, 16), torch.randn(8, 16)
+    with pytest.raises(InvalidPipelineError, match="splits into at most"):
+        automap.plan(model, (x,), DeviceMesh((8,)), loss_fn=_loss, pipeline=8, **SPEEDS)
+
+
+def test_a_pipeline_over_the_budget_is_refused():
+    model, inputs = _mlp(256)
+    with pytest.raises(automap.InfeasibleBudgetError, match="no pipeline of"):
+        automap.plan(model, inputs, DeviceMesh((4,)), 1e4, loss_fn=_loss, pipeline=2,
+                     **SPEEDS)
+
+
+def test_mesh_cuts():
+    mesh = DeviceMesh((2, 4), alpha_s=[1e-5, 1e-6], bandwidth_bytes_per_s=[1e9, 1e11])
+    assert stage_counts(mesh) == [1, 2, 4, 8]
+    assert stage_counts(DeviceMesh((4, 3))) == [1, 2, 4, 12]
+    two = cut_mesh(mesh, 2)
+    assert two.stage_ranks == ((0, 1, 2, 3), (4, 5, 6, 7)) and two.submesh.shape == (4,)
+    assert two.submesh.bandwidth_bytes_per_s == (1e11,)
+    assert two.link_between(0, 1) == (1e-5, 1e9)
+    four = cut_mesh(mesh, 4)
+    assert four.stage_ranks == ((0, 1), (2, 3), (4, 5), (6, 7))
+    # Within a node the fast axis, across nodes the slow one.
+    assert [four.link_between(k, k + 1)[1] for k in range(3)] == [1e11, 1e9, 1e11]
+
+
+def test_mlp_on_four_devices_in_two_stages():
+    model, inputs = _mlp(256, batch=1024)
+    mesh = DeviceMesh((4,))
+    plan = automap.plan(model, inputs, mesh, loss_fn=_loss, pipeline=2, microbatches=4,
+                        **SPEEDS)
+    _check_stages(plan, 2, mesh)
+    assert plan.pipeline.microbatches == 4 and plan.pipeline.schedule == "1f1b"
+    assert plan.pipeline.intra_op_step_s is None  # an explicit count: not compared
+    # Under GPipe stage 0 keeps all 4 microbatches' activations, under 1F1B 2.
+    gpipe = automap.plan(model, inputs, mesh, loss_fn=_loss, pipeline=2, microbatches=4,
+                         schedule="gpipe", **SPEEDS)
+    assert gpipe.pipeline.schedule == "gpipe"
+    assert gpipe.pipeline.stages[0].predicted_peak_memory_bytes > \
+        plan.pipeline.stages[0].predicted_peak_memory_bytes
+
+
+@pytest.fixture(scope="module")
+def gpt2_plan():
+    import model_zoo
+
+    model, inputs, loss = model_zoo.gpt2("meta")
+    mesh = DeviceMesh((2, 2), alpha_s=[1e-5, 1e-6], bandwidth_bytes_per_s=[1e9, 1e11])
+    plan = automap.plan(model, inputs, mesh, loss_fn=loss, pipeline=2, microbatches=2,
+                        **SPEEDS)
+    return plan, mesh
+
+
+def test_gpt2_in_two_stages_with_tied_weights(gpt2_plan):
+    plan, mesh = gpt2_plan
+    _check_stages(plan, 2, mesh)
+    assert plan.pipeline.stages[0].ranks == (0, 1) and plan.pipeline.stages[1].ranks == (2, 3)
+    # The embedding (stage 0) and the LM head (stage 1) share one weight.
+    assert plan.pipeline.tied_s > 0
+
+
+def test_pipeline_off_is_todays_plan():
+    model, inputs = _mlp(64)
+    mesh = DeviceMesh((2,))
+    today = automap.plan(model, inputs, mesh, loss_fn=_loss, **SPEEDS)
+    off = automap.plan(model, inputs, mesh, loss_fn=_loss, pipeline="off", **SPEEDS)
+    assert off.pipeline is None
+    assert off.predicted_step_s == today.predicted_step_s
+    assert [vars(n) for n in off.nodes.values()] == [vars(n) for n in today.nodes.values()]
+
+
+def test_auto_pipelines_across_a_slow_link_only():
+    model, inputs = _mlp()
+    chosen = {}
+    for bandwidth in (1e7, 1e13):
+        mesh = DeviceMesh((2, 2), alpha_s=[1e-5, 1e-6], bandwidth_bytes_per_s=[bandwidth, 1e11])
+        plan = automap.plan(model, inputs, mesh, loss_fn=_loss, pipeline="auto",
+                            microbatches=4, **SPEEDS)
+        tried = {c["stages"] for c in plan.solver["pipeline_candidates"]}
+        assert tried == {2, 4}
+        chosen[bandwidth] = plan
+    slow, fast = chosen[1e7], chosen[1e13]
+    assert slow.pipeline is not None and slow.pipeline.stage_count >= 2
+    assert slow.pipeline.intra_op_step_s > slow.predicted_step_s
+    assert fast.pipeline is None and fast.mesh.shape == (2, 2)
+
+
+def test_json_round_trip_and_explain(gpt2_plan, tmp_path):
+    plan, _ = gpt2_plan
+    path = tmp_path / "plan.json"
+    plan.to_json(str(path))
+    again = Plan.from_json(str(path))
+    assert again.to_dict() == plan.to_dict()
+    assert again.pipeline == plan.pipeline
+    text = plan.explain()
+    assert "pipeline plan: 2 stages of submesh (2,)" in text
+    for stage in plan.pipeline.stages:
+        assert f"{stage.first_node} .. {stage.last_node}" in text
+    assert "forward ms" in text and "backward ms" in text
+
+
+def _forged(plan: Plan, edit) -> dict:
+    data = copy.deepcopy(plan.to_dict())
+    edit(data["pipeline"])
+    data["content_fingerprint"] = content_fingerprint(data)
+    return data
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda p: p["stages"][1].update(ranks=[1, 3]), r"pipeline.stages\[1\].ranks"),
+    (lambda p: p["stages"][1].update(ranks=[2]), r"pipeline.stages\[1\].ranks"),
+    (lambda p: p["stages"][1].update(first_node=p["stages"][0]["first_node"]),
+     r"pipeline.stages\[1\].first_node"),
+    (lambda p: p["stages"][1].update(last_node=p["stages"][0]["last_node"]),
+     r"pipeline.stages\[1\]"),
+    (lambda p: p.update(schedule="zigzag"), "pipeline.schedule"),
+    (lambda p: p.update(microbatches=0), "pipeline.microbatches"),
+    (lambda p: p.update(send_s=[]), "pipeline.send_s"),
+    (lambda p: p.update(submesh_shape=[4]), "pipeline.submesh_shape"),
+])
+def test_a_bad_pipeline_record_is_refused(gpt2_plan, edit, field):
+    plan, _ = gpt2_plan
+    with pytest.raises(InvalidPlanError, match=field):
+        Plan.from_dict(_forged(plan, edit))
+
+
+def _chain(times, saved, state) -> Chain:
+    units = [Unit(i, i, 0, forward_s=t / 3, backward_s=2 * t / 3, saved_bytes=s,
+                  state={(f"p{i}", 0): (b, 0.0)}, out_bytes=1e3, out_grad_bytes=1e3)
+             for i, (t, s, b) in enumerate(zip(times, saved, state))]
+    return Chain([f"n{i}" for i in range(len(units))], units, {})
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_partition_is_optimal_against_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    k, n, m = 7, 3, int(rng.integers(1, 4)) if seed % 2 else 1
+    times, saved, state = rng.uniform(0.1, 1, k), rng.uniform(0, 10, k), rng.uniform(0, 10, k)
+    budget = float(rng.uniform(20, 60))
+    stages = cut_mesh(DeviceMesh((n,), alpha_s=1e-3, bandwidth_bytes_per_s=1e6), n)
+    found = best_partition(_chain(times, saved, state), stages, m, "1f1b", budget,
+                           recompute=False)
+    best = np.inf
+    for cuts in itertools.combinations(range(1, k), n - 1):
+        bounds = list(zip((0, *cuts), (*cuts, k)))
+        t, fits = [], True
+        for s, (a, b) in enumerate(bounds):
+            send = (1e-3 + 1e3 / 1e6) * ((s < n - 1) + (s > 0))
+            t.append(times[a:b].sum() + send)
+            peak = state[a:b].sum() + in_flight("1f1b", m, n, s) * saved[a:b].sum()
+            fits &= peak <= budget
+        if fits:
+            best = min(best, sum(t) + (m - 1) * max(t))
+    if not np.isfinite(best):
+        assert found is None
+        return
+    assert found is not None and found.step_s == pytest.approx(best)
+
+
+def test_a_stage_recomputes_to_fit():
+    stages = cut_mesh(DeviceMesh((2,)), 2)
+    # Two units of 1e4 saved bytes per stage, four microbatches in flight: 8e4
+    # plain; recomputed, four stage inputs of 1e3 and one microbatch's 2e4.
+    chain = _chain(np.ones(4), np.full(4, 1e4), np.ones(4))
+    assert best_partition(chain, stages, 4, "gpipe", 3e4, recompute=False) is None
+    found = best_partition(chain, stages, 4, "gpipe", 3e4)
+    assert found is not None and all(found.recompute)
+    plain = best_partition(chain, stages, 4, "gpipe", None)
+    assert not any(plain.recompute) and plain.step_s < found.step_s
+
+
+def test_depth_reduced_stages_count_every_layer():
+    """A depth-reduced plan (6 layers, 2 traced) splits the real layers: the
+    last traced block stands for 5, and stages start and end in its repeats."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(GPT2Config(n_layer=6, n_embd=64, n_head=4, vocab_size=256,
+                                           n_positions=16))
+        ids = torch.randint(0, 256, (4, 16))
+    plan = automap.plan(model, {"input_ids": ids, "labels": ids}, DeviceMesh((4,)),
+                        pipeline=4, microbatches=2, reduce_depth=True, **SPEEDS)
+    stages = plan.pipeline.stages
+    assert [(s.first_repeat, s.last_repeat) for s in stages] == [(0, 0), (1, 2), (3, 4),
+                                                                  (0, 0)]
+    assert stages[1].first_node == stages[2].first_node  # the same traced block
+    again = Plan.from_dict(plan.to_dict())
+    assert again.pipeline == plan.pipeline
+    assert "#1" in plan.explain()
