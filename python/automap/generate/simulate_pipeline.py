@@ -118,7 +118,13 @@ def simulate_stage(traced, plan, stage: int, *, position: int = 0, optimizer="ad
         runner = _Runner(module, timeline)
 
         def run_stage(*args):
-            return runner.run(*args)
+            # The runner's environment is emptied after each call: a recomputation
+            # that stops early (non-reentrant checkpoint) leaves the values it made
+            # there, where the generated code's frame would drop them.
+            try:
+                return runner.run(*args)
+            finally:
+                runner.env.clear()
 
         with TrackStorage(timeline, device):
             start = timeline.clock
