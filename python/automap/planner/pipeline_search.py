@@ -174,12 +174,13 @@ def _verified(sub_plan: Plan, partition: Partition, stages, chain, microbatches:
     n = stages.count
     budgets = [budget] * n
     least: float | None = None
-    for _ in range(VERIFY_ROUNDS):
+    for rounds in range(1, VERIFY_ROUNDS + 1):
         plan = pipelined(partition)
         with progress_stage(log, f"simulated {n} pipeline stages") as simulating:
             steps = [simulate(plan, k) for k in range(n)]
             simulating.result(", ".join(f"{s.peak_bytes / 2**20:.1f}" for s in steps) + " MiB")
         plan = _with_simulated(plan, partition, steps)
+        plan.solver["pipeline_verify_rounds"] = rounds
         peaks = [s.peak_bytes * (1 + headroom) for s in steps]
         least = max(peaks) if least is None else min(least, max(peaks))
         if budget is None or max(peaks) <= budget:
