@@ -31,7 +31,7 @@ from automap.planner.checks import (
     check_time_limit,
 )
 from automap.planner.microbatch import example_batch, microbatch_inputs
-from automap.planner.pipeline_search import search_pipeline
+from automap.planner.pipeline_search import STAGE_HEADROOM, search_pipeline
 from automap.planner.plan import EdgePlan, NodePlan, Plan, current_versions, graph_fingerprint
 from automap.planner.plan import format_bytes as _size
 from automap.planner.step_time import shared_gradient_savings, step_time
@@ -264,7 +264,7 @@ def _plan_pipelined(model, example_inputs, mesh, memory_budget_bytes, counts, mi
                            stacks=stacks, plan_submesh=plan_submesh, intra_op=intra_op,
                            intra_op_error=intra_op_error, explicit=explicit,
                            simulate=simulate if verify and not stacks else None,
-                           headroom=HEADROOM)
+                           headroom=max(HEADROOM, STAGE_HEADROOM))
 
 
 def parameter_dtype(traced) -> torch.dtype:
