@@ -32,7 +32,7 @@ import torch.utils.checkpoint
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from automap.generate.build import generate_graph
-from automap.generate.grad_sync import DEFAULT_BUCKET_BYTES
+from automap.generate.grad_sync import DEFAULT_BUCKET_BYTES, GradientSync
 from automap.generate.pipeline_split import cut, shared_parameters, stage_graph
 from automap.generate.pipeline_stage import StagePlan, fake_values, stage_meshes
 from automap.generate.program import assemble_graph
@@ -102,7 +102,7 @@ def simulate_stage(traced, plan, stage: int, *, position: int = 0, optimizer="ad
         batch = [torch.empty((v.shape[0] * m, *v.shape[1:]), dtype=v.dtype, device=device)
                  if isinstance(v, torch.Tensor) else v
                  for v in fake_inputs(traced, stage_plan, rank, device, False)]
-        params = [p for p in module.parameters() if p.requires_grad]
+        params: list[torch.Tensor] = [p for p in module.parameters() if p.requires_grad]
         opt, _ = make_optimizer(optimizer, params, device)
         if opt is not None:
             create_optimizer_state(opt, params)
@@ -130,7 +130,8 @@ def simulate_stage(traced, plan, stage: int, *, position: int = 0, optimizer="ad
             start = timeline.clock
             step = _StageStep(timeline, run_stage, recompute, stage == n - 1, m, schedule=
                               record.schedule)
-            with module.gradient_sync.deferred():
+            sync: GradientSync = module.gradient_sync  # type: ignore[assignment]
+            with sync.deferred():
                 for kind, i in schedule_order(record.schedule, m, n, stage):
                     timeline.phase = "forward" if kind == "F" else "backward"
                     if kind == "F":
@@ -138,9 +139,8 @@ def simulate_stage(traced, plan, stage: int, *, position: int = 0, optimizer="ad
                             [_received(values[v], device) for v in received]
                         step.forward(i, args)
                     else:
-                        grads = [torch.empty_like(values[v], device=device)
-                                 if _needs_grad(values[v]) else None for v in sent]
-                        step.backward(i, grads)
+                        step.backward(i, [_received(values[v], device, grad=True)
+                                          if _needs_grad(values[v]) else None for v in sent])
                 timeline.phase, timeline.node = "backward", "gradient buckets"
             step.finish()
             if tied:  # the tied weights' gradients, summed over their stages
@@ -150,7 +150,7 @@ def simulate_stage(traced, plan, stage: int, *, position: int = 0, optimizer="ad
                                                          for t in tied)])
                 staged = flat.clone() if backend == "gloo" else None
                 del flat, staged
-            grads = {id(timeline.records[key]) for key in
+            grad_records = {id(timeline.records[key]) for key in
                      (p.grad.untyped_storage()._cdata for p in params if p.grad is not None)
                      if key in timeline.records}
             timeline.phase, timeline.node = "optimizer", "optimizer step"
@@ -159,8 +159,9 @@ def simulate_stage(traced, plan, stage: int, *, position: int = 0, optimizer="ad
                 opt.zero_grad(set_to_none=True)
             timeline.phase = "done"
             timeline.step_clock = (start, timeline.clock)
-    return SimulatedStep(rank, timeline.peak, timeline.peak_phase, timeline.breakdown(grads),
-                         dict(timeline.phase_peak), timeline.sampled(grads))
+    return SimulatedStep(rank, timeline.peak, timeline.peak_phase,
+                         timeline.breakdown(grad_records), dict(timeline.phase_peak),
+                         timeline.sampled(grad_records))
 
 
 def _needs_grad(value) -> bool:
@@ -168,11 +169,12 @@ def _needs_grad(value) -> bool:
         (value.is_floating_point() or value.is_complex())
 
 
-def _received(value, device) -> torch.Tensor:
-    """A receive buffer of ``value``'s local shape (a leaf; it wants a gradient
-    when the value is a differentiable activation)."""
+def _received(value, device, grad: bool = False) -> torch.Tensor:
+    """A receive buffer of ``value``'s local shape: the value (a leaf that wants a
+    gradient when the value is a differentiable activation) or, with ``grad``,
+    its gradient."""
     buffer = torch.empty(tuple(value.shape), dtype=value.dtype, device=device)
-    return buffer.requires_grad_(_needs_grad(value))
+    return buffer if grad else buffer.requires_grad_(_needs_grad(value))
 
 
 class _StageStep:

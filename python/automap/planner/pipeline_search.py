@@ -98,7 +98,7 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
             f"(its layers and the parts before and after them)")
     tried = [n for n in tried if n <= units]
     candidates: list[dict] = []
-    found_by_n: list[tuple[float, int, Plan, Partition, object]] = []
+    found_by_n: list[tuple[float, int, Plan, Partition, tuple]] = []
     for n in tried:
         stages = cut_mesh(mesh, n)
         start = time.perf_counter()
@@ -131,10 +131,10 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
         log.info("%d stages of %s: %s (%.2f s)", n, stages.submesh_shape,
                  "no split fits" if found is None else f"step {found.step_s * 1e3:.3f} ms",
                  seconds)
-        if found is not None:
+        if found is not None and sub_plan is not None:
             found_by_n.append((found.step_s, n, sub_plan, found, (stages, chain)))
     intra_s = intra_op.predicted_step_s if intra_op is not None else None
-    least: float | None = None  # the least simulated worst-stage peak seen
+    least_peak: float | None = None  # the least_peak simulated worst-stage peak seen
     for _, _n, sub_plan, partition, (stages, chain) in sorted(found_by_n, key=lambda f: f[:2]):
         if intra_s is not None and intra_s <= partition.step_s and not explicit:
             break
@@ -142,20 +142,20 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
                                memory_budget_bytes, optimizer, intra_s, candidates, t0,
                                simulate, headroom)
         if seen is not None:
-            least = seen if least is None else min(least, seen)
+            least_peak = seen if least_peak is None else min(least_peak, seen)
         if plan is not None and not (intra_s is not None and intra_s <= plan.predicted_step_s
                                      and not explicit):
             return plan
     if intra_op is None:
-        if intra_op_error is not None and least is None:
+        if intra_op_error is not None and least_peak is None:
             raise intra_op_error
-        if least is not None:
+        if least_peak is not None:
             raise InfeasibleBudgetError(
                 f"no pipeline of {tried} stages fits a memory budget of "
                 f"{memory_budget_bytes or 0:.4g} bytes per device in its simulated step "
                 f"(the model's plans exceed it); the smallest feasible budget is about "
-                f"{least:.4g} bytes ({least / 2**20:.1f} MiB, the leanest verified "
-                f"pipeline's worst stage with headroom)", int(least) + 1)
+                f"{least_peak:.4g} bytes ({least_peak / 2**20:.1f} MiB, the leanest verified "
+                f"pipeline's worst stage with headroom)", int(least_peak) + 1)
         raise InfeasibleBudgetError(
             f"no pipeline of {tried} stages fits a memory budget of "
             f"{memory_budget_bytes or 0:.4g} bytes per device, even with stages "
