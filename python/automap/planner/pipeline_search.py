@@ -60,8 +60,8 @@ VERIFY_ROUNDS = 4
 #: A stage fits when its simulated peak plus this share of it does. Larger
 #: than the intra-op plans' ``search.HEADROOM``: the last stage of the trust
 #: bench's GPT-2 measured 1.6-1.9 % above its simulated step on gloo (about
-#: 0.8 MiB of 42; the gathered LM-head weight's receive buffer lives on beside
-#: its copy in the real run), the other stages within 0.1 %.
+#: 0.8 MiB of 42; the real run still holds the LM-head weight's all-gather
+#: buffer beside its copy at the peak), the other stages within 0.1 %.
 STAGE_HEADROOM = 0.02
 
 #: Shares of the first submesh plan's activations that leaner plans keep.
