@@ -280,3 +280,61 @@ def test_depth_reduced_stages_count_every_layer():
     again = Plan.from_dict(plan.to_dict())
     assert again.pipeline == plan.pipeline
     assert "#1" in plan.explain()
+
+
+def test_schedule_orders():
+    from automap.generate.simulate_pipeline import schedule_order
+
+    assert schedule_order("gpipe", 3, 2, 1) == [("F", 0), ("F", 1), ("F", 2),
+                                                ("B", 0), ("B", 1), ("B", 2)]
+    # 1F1B: stage k warms up with min(M, n - k) forwards, then alternates.
+    assert schedule_order("1f1b", 4, 2, 0) == [("F", 0), ("F", 1), ("B", 0), ("F", 2),
+                                               ("B", 1), ("F", 3), ("B", 2), ("B", 3)]
+    assert schedule_order("1f1b", 3, 2, 1) == [("F", 0), ("B", 0), ("F", 1), ("B", 1),
+                                               ("F", 2), ("B", 2)]
+
+
+@pytest.fixture(scope="module")
+def simulated_pipeline():
+    model, inputs = _mlp(256, batch=256)
+    plan = automap.plan(model, inputs, DeviceMesh((4,)), loss_fn=_loss, pipeline=2,
+                        microbatches=4, schedule="gpipe", **SPEEDS)
+    return model, inputs, plan
+
+
+def test_stage_peaks_are_the_simulated_steps(simulated_pipeline):
+    from automap.api import first_microbatch
+    from automap.generate.simulate_pipeline import simulate_stage
+    from automap.trace.tracing import trace
+
+    model, inputs, plan = simulated_pipeline
+    assert plan.solver["simulated"] and plan.solver["pipeline_verify_rounds"] == 1
+    traced = trace(model, first_microbatch(inputs, 4), loss_fn=_loss)
+    stages = plan.pipeline.stages
+    for stage in stages:
+        assert stage.modelled_peak_memory_bytes is not None
+        assert stage.predicted_peak_memory_bytes == simulate_stage(traced, plan,
+                                                                   stage.index).peak_bytes
+    assert plan.predicted_peak_memory_bytes == max(s.predicted_peak_memory_bytes
+                                                   for s in stages)
+    assert "simulated" in plan.memory_breakdown_at
+    assert Plan.from_dict(plan.to_dict()).pipeline == plan.pipeline
+    unverified = automap.plan(model, inputs, DeviceMesh((4,)), loss_fn=_loss, pipeline=2,
+                              microbatches=4, schedule="gpipe", verify=False, **SPEEDS)
+    assert all(s.modelled_peak_memory_bytes is None for s in unverified.pipeline.stages)
+
+
+def test_a_budget_below_the_simulated_peak_is_planned_again_or_named(simulated_pipeline):
+    """Under a budget just below the unconstrained plan's simulated worst stage,
+    the planner returns a plan whose simulated stages fit, or names a budget at
+    which it does."""
+    model, inputs, plan = simulated_pipeline
+    budget = 0.97 * plan.predicted_peak_memory_bytes
+    options = dict(loss_fn=_loss, pipeline=2, microbatches=4, schedule="gpipe", **SPEEDS)
+    try:
+        fitted = automap.plan(model, inputs, DeviceMesh((4,)), budget, **options)
+    except automap.InfeasibleBudgetError as err:
+        named = err.smallest_feasible_budget_bytes
+        assert named is not None and named > budget
+        fitted, budget = automap.plan(model, inputs, DeviceMesh((4,)), named, **options), named
+    assert all(s.predicted_peak_memory_bytes * 1.001 <= budget for s in fitted.pipeline.stages)

@@ -113,7 +113,7 @@ def build_stage(traced, plan, model: nn.Module, *, device: torch.device, seed: i
     stage_plan = StagePlan(plan, meshes[index])
     out = generate_graph(traced, stage_plan, groups, rank, device)
     stage_cut = cut(out, traced, stages)
-    values = _fake_values(out, traced, stage_plan, rank, device)
+    values = fake_values(out, traced, stage_plan, rank, device)
     part = stage_graph(out, stage_cut, index)
 
     def shard_values(shards: dict[str, StateShard]) -> dict[str, torch.Tensor]:
@@ -159,7 +159,7 @@ def _meta(value, name: str) -> torch.Tensor:
     return meta
 
 
-def _fake_values(out: GeneratedGraph, traced, plan, rank: int, device) -> dict[fx.Node, object]:
+def fake_values(out: GeneratedGraph, traced, plan, rank: int, device) -> dict[fx.Node, object]:
     """Every node's value in one microbatch's forward of the whole generated graph,
     on FakeTensors with collectives that only allocate: the shapes, dtypes and
     ``requires_grad`` of what crosses each stage boundary. Draws no random numbers."""

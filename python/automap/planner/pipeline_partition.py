@@ -99,10 +99,11 @@ class _Ranges:
 
 
 def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbatches: int,
-                    schedule: str, budget: float | None, optimizer, recompute: bool):
+                    schedule: str, budget, optimizer, recompute: bool):
     """Per stage index ``k``: the time matrix ``t[a, b]`` (inf where the range is
-    empty or over the budget), the peak memory matrix, and where the stage
-    recomputes its forward to fit (``recompute``: allowed)."""
+    empty or over the budget, one for all stages or one per stage), the peak
+    memory matrix, and where the stage recomputes its forward to fit
+    (``recompute``: allowed)."""
     n, k_units = stages.count, ranges.K
     units = chain.units
     empty = np.tril(np.ones((k_units + 1, k_units + 1), dtype=bool))
@@ -112,7 +113,9 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
     send_bwd = np.array([[stages.send_s(k, k - 1, u.out_grad_bytes) for u in units]
                          for k in range(1, n)]).reshape(n - 1, k_units)
     times, peaks, recomputed = [], [], []
+    per_stage = budget if isinstance(budget, (list, tuple)) else [budget] * n
     for k in range(n):
+        budget = per_stage[k]
         t = ranges.compute[0] + ranges.compute[1]
         if k < n - 1:  # the activations at the stage's end go to the next stage
             t = t + np.concatenate([[0.0], send_fwd[k]])[None, :]
@@ -159,10 +162,11 @@ def _least_sum(times: list[np.ndarray], cap: float):
 
 
 def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedule: str,
-                   budget: float | None, optimizer="adamw",
+                   budget, optimizer="adamw",
                    recompute: bool = True) -> Partition | None:
     """The fastest split of ``chain`` over ``stages`` (see the module docstring);
-    None when there are fewer units than stages or no split fits ``budget``.
+    None when there are fewer units than stages or no split fits ``budget`` (bytes
+    per device: one for every stage, a list of one per stage index, or None).
     ``recompute``: a stage that does not fit may recompute its forward."""
     ranges = _Ranges(chain)
     n = stages.count

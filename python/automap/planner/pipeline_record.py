@@ -39,6 +39,10 @@ class StageRecord:
     #: its input is kept, and the forward runs again before the backward
     #: (``predicted_backward_s`` includes it).
     recompute: bool = False
+    #: The linear memory model's peak of the stage, where
+    #: ``predicted_peak_memory_bytes`` is the simulated step's (the planner
+    #: verified the plan; None: the model's is the prediction).
+    modelled_peak_memory_bytes: float | None = None
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -47,7 +51,8 @@ class StageRecord:
 
     @classmethod
     def from_dict(cls, data: dict) -> StageRecord:
-        return cls(**{"first_repeat": 0, "last_repeat": 0, "recompute": False, **data,
+        return cls(**{"first_repeat": 0, "last_repeat": 0, "recompute": False,
+                      "modelled_peak_memory_bytes": None, **data,
                       "ranks": tuple(data["ranks"])})
 
 

@@ -20,6 +20,7 @@ from automap.checkpoint.record import CheckpointPlan
 from automap.cluster.device import DeviceProfile, resolve_device_profile
 from automap.errors import InfeasibleBudgetError, InvalidMeshError
 from automap.generate.simulate import CATEGORIES, simulate_step
+from automap.generate.simulate_pipeline import simulate_stage
 from automap.planner.checks import (
     check_budget,
     check_choice,
@@ -30,7 +31,7 @@ from automap.planner.checks import (
     check_time_limit,
 )
 from automap.planner.microbatch import example_batch, microbatch_inputs
-from automap.planner.pipeline_search import search_pipeline
+from automap.planner.pipeline_search import STAGE_HEADROOM, search_pipeline
 from automap.planner.plan import EdgePlan, NodePlan, Plan, current_versions, graph_fingerprint
 from automap.planner.plan import format_bytes as _size
 from automap.planner.step_time import shared_gradient_savings, step_time
@@ -221,7 +222,7 @@ def plan(
         found = _plan_pipelined(model, example_inputs, meshes[0], memory_budget_bytes, counts,
                                 microbatches, schedule, loss_fn or default_loss,
                                 mixed_precision, reduce_depth, found, intra_op_error,
-                                explicit=pipeline != "auto", **options)
+                                explicit=pipeline != "auto", verify=verify, **options)
     assert found is not None  # n = 1 planned, or the pipeline search returned or raised
     found.inputs = describe_inputs(example_inputs)
     return found
@@ -229,9 +230,11 @@ def plan(
 
 def _plan_pipelined(model, example_inputs, mesh, memory_budget_bytes, counts, microbatches,
                     schedule, loss_fn, mixed_precision, reduce_depth, intra_op,
-                    intra_op_error, explicit, **options) -> Plan:
+                    intra_op_error, explicit, verify: bool = True, **options) -> Plan:
     """The stage search of ``automap.planner.pipeline_search`` on one
-    microbatch of ``example_inputs``."""
+    microbatch of ``example_inputs``; ``verify``: the chosen pipeline's stages
+    are simulated (``simulate_pipeline``; not for depth-reduced plans, which are
+    not generated)."""
     from automap.trace.profiling import profile_traced
     from automap.trace.tracing import trace
 
@@ -250,11 +253,18 @@ def _plan_pipelined(model, example_inputs, mesh, memory_budget_bytes, counts, mi
                             checkpointing="off", verify=False, tables=tables, **options)
         return found, tables[-1]
 
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+
+    def simulate(found: Plan, k: int):
+        return simulate_stage(traced, found, k, optimizer=options["optimizer"], backend=backend)
+
     return search_pipeline(traced, profile, mesh, memory_budget_bytes, counts,
                            microbatches=microbatches, schedule=schedule,
                            optimizer=options["optimizer"], blocks=detect_blocks(traced),
                            stacks=stacks, plan_submesh=plan_submesh, intra_op=intra_op,
-                           intra_op_error=intra_op_error, explicit=explicit)
+                           intra_op_error=intra_op_error, explicit=explicit,
+                           simulate=simulate if verify and not stacks else None,
+                           headroom=max(HEADROOM, STAGE_HEADROOM))
 
 
 def parameter_dtype(traced) -> torch.dtype:

@@ -48,7 +48,7 @@ PIPELINE_FIELDS = {"mesh": dict, "submesh_shape": list, "microbatches": "index",
 #: Written since the stage search fills them (absent: zero).
 OPTIONAL_PIPELINE_FIELDS = {"tail_s": "seconds", "tied_s": "seconds"}
 OPTIONAL_PIPELINE_STAGE_FIELDS = {"first_repeat": "index", "last_repeat": "index",
-                                  "recompute": bool}
+                                  "recompute": bool, "modelled_peak_memory_bytes": "bytes?"}
 PIPELINE_STAGE_FIELDS = {"index": "index", "first_node": str, "last_node": str, "ranks": list,
                          "predicted_forward_s": "seconds", "predicted_backward_s": "seconds",
                          "predicted_peak_memory_bytes": "bytes"}

@@ -1,0 +1,234 @@
+"""A training step of one pipeline stage on FakeTensors (issue 18): the memory
+one rank of a pipelined plan uses, as ``simulate`` measures an intra-op plan's.
+
+The rank's stage module is assembled as ``pipeline_stage.build_stage``
+assembles it (the whole program generated on the stage's submesh, cut,
+checkpoint regions, bucketed gradient sync), with fake state shards and
+collectives that only allocate (``SimulatedGroups``). The schedule's order of
+microbatch forwards and backwards then runs as torch's schedules run it for
+this stage (``schedule_order``), with what the schedules hold:
+
+- a received activation is a fresh buffer of the boundary's local shape,
+  kept (with its gradient) until that microbatch's backward;
+- what the stage sends waits for the send: GPipe waits for every forward
+  send after the last forward and for every gradient send after the last
+  backward (all ``M`` outputs, then all ``M`` input gradients, live at once);
+  1F1B releases a forward's outputs at the next operation and keeps a
+  backward's input gradients until the next backward;
+- the gradient of an output arrives as a fresh buffer before its backward;
+- a recomputing stage runs its forward under a non-reentrant checkpoint;
+- the data-parallel buckets are summed once after the last backward
+  (``GradientSync.deferred``), the tied weights' gradients are concatenated
+  and summed, then the optimizer steps.
+
+The whole batch the caller passes is live throughout on every rank (every
+rank is handed it). The peak is the peak of live tensor bytes, as in
+``simulate_step``."""
+
+from __future__ import annotations
+
+import torch
+import torch.utils.checkpoint
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from automap.generate.build import generate_graph
+from automap.generate.grad_sync import DEFAULT_BUCKET_BYTES, GradientSync
+from automap.generate.pipeline_split import cut, shared_parameters, stage_graph
+from automap.generate.pipeline_stage import StagePlan, fake_values, stage_meshes
+from automap.generate.program import assemble_graph
+from automap.generate.simulate import (
+    SimulatedStep,
+    _Runner,
+    _Timeline,
+    fake_inputs,
+    fake_shards,
+)
+from automap.sharding.process_groups import SimulatedGroups
+from automap.trace.profiling import (
+    TrackStorage,
+    create_optimizer_state,
+    make_optimizer,
+    optimizer_tensors,
+)
+
+
+def schedule_order(schedule: str, microbatches: int, stages: int, k: int
+                   ) -> list[tuple[str, int]]:
+    """Stage ``k``'s operations in one step: ("F", i) and ("B", i) per
+    microbatch ``i``, as torch's ``ScheduleGPipe`` / ``Schedule1F1B`` run them."""
+    m = microbatches
+    if schedule == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    warm = min(m, stages - k)
+    order = [("F", i) for i in range(warm)]
+    f = warm
+    for b in range(m):
+        order.append(("B", b))
+        if f < m:
+            order.append(("F", f))
+            f += 1
+    return order
+
+
+def simulate_stage(traced, plan, stage: int, *, position: int = 0, optimizer="adamw",
+                   device: str | torch.device = "cpu", backend: str = "gloo",
+                   grad_bucket_bytes: int | None = DEFAULT_BUCKET_BYTES) -> SimulatedStep:
+    """The memory of one training step of the rank at submesh ``position`` of
+    pipeline ``stage`` under ``plan`` (``plan.pipeline`` set, its nodes made for
+    ``traced``, one microbatch), with ``optimizer`` and ``backend`` as in
+    ``simulate_step``."""
+    device = torch.device(device)
+    record = plan.pipeline
+    stages = record.stages
+    n, m = len(stages), int(record.microbatches)
+    meshes = stage_meshes(plan)
+    rank = meshes[stage].ranks[position]
+    stage_plan = StagePlan(plan, meshes[stage])
+    groups = SimulatedGroups(meshes[stage], rank, backend)
+    out = generate_graph(traced, stage_plan, groups, rank, device)
+    stage_cut = cut(out, traced, stages)
+    values = fake_values(out, traced, stage_plan, rank, device)
+    part = stage_graph(out, stage_cut, stage)
+    received = stage_cut.boundaries[stage] if stage > 0 else []
+    sent = stage_cut.boundaries[stage + 1] if stage + 1 < n else []
+    tied = sorted(name for name, readers in shared_parameters(stage_cut, out.shards).items()
+                  if stage in readers)
+    recompute = bool(getattr(stages[stage], "recompute", False))
+    timeline = _Timeline()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        module = assemble_graph(part, traced, stage_plan, groups, grad_bucket_bytes,
+                                lambda shards: fake_shards(traced, stage_plan, shards, rank,
+                                                           device))
+        batch = [torch.empty((v.shape[0] * m, *v.shape[1:]), dtype=v.dtype, device=device)
+                 if isinstance(v, torch.Tensor) else v
+                 for v in fake_inputs(traced, stage_plan, rank, device, False)]
+        params: list[torch.Tensor] = [p for p in module.parameters() if p.requires_grad]
+        opt, _ = make_optimizer(optimizer, params, device)
+        if opt is not None:
+            create_optimizer_state(opt, params)
+        for kind, tensors in (("parameters", module.parameters()),
+                              ("buffers", module.buffers()),
+                              ("inputs", batch),
+                              ("optimizer_state", optimizer_tensors(opt))):
+            for t in tensors:
+                if isinstance(t, torch.Tensor):
+                    timeline.track(t, kind)
+        chunks = [torch.chunk(v, m, dim=0) if isinstance(v, torch.Tensor) else [v] * m
+                  for v in batch]
+        runner = _Runner(module, timeline)
+
+        def run_stage(*args):
+            # The runner's environment is emptied after each call: a recomputation
+            # that stops early (non-reentrant checkpoint) leaves the values it made
+            # there, where the generated code's frame would drop them.
+            try:
+                return runner.run(*args)
+            finally:
+                runner.env.clear()
+
+        with TrackStorage(timeline, device):
+            start = timeline.clock
+            step = _StageStep(timeline, run_stage, recompute, stage == n - 1, m, schedule=
+                              record.schedule)
+            sync: GradientSync = module.gradient_sync  # type: ignore[assignment]
+            with sync.deferred():
+                for kind, i in schedule_order(record.schedule, m, n, stage):
+                    timeline.phase = "forward" if kind == "F" else "backward"
+                    if kind == "F":
+                        args = [c[i] for c in chunks] if stage == 0 else \
+                            [_received(values[v], device) for v in received]
+                        step.forward(i, args)
+                    else:
+                        step.backward(i, [_received(values[v], device, grad=True)
+                                          if _needs_grad(values[v]) else None for v in sent])
+                timeline.phase, timeline.node = "backward", "gradient buckets"
+            step.finish()
+            if tied:  # the tied weights' gradients, summed over their stages
+                timeline.node = "tied gradients"
+                flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p))
+                                  .reshape(-1) for p in (module.get_parameter(t)
+                                                         for t in tied)])
+                staged = flat.clone() if backend == "gloo" else None
+                del flat, staged
+            grad_records = {id(timeline.records[key]) for key in
+                     (p.grad.untyped_storage()._cdata for p in params if p.grad is not None)
+                     if key in timeline.records}
+            timeline.phase, timeline.node = "optimizer", "optimizer step"
+            if opt is not None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            timeline.phase = "done"
+            timeline.step_clock = (start, timeline.clock)
+    return SimulatedStep(rank, timeline.peak, timeline.peak_phase,
+                         timeline.breakdown(grad_records), dict(timeline.phase_peak),
+                         timeline.sampled(grad_records))
+
+
+def _needs_grad(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.requires_grad and \
+        (value.is_floating_point() or value.is_complex())
+
+
+def _received(value, device, grad: bool = False) -> torch.Tensor:
+    """A receive buffer of ``value``'s local shape: the value (a leaf that wants a
+    gradient when the value is a differentiable activation) or, with ``grad``,
+    its gradient."""
+    buffer = torch.empty(tuple(value.shape), dtype=value.dtype, device=device)
+    return buffer if grad else buffer.requires_grad_(_needs_grad(value))
+
+
+class _StageStep:
+    """The stage's forwards and backwards with what the schedule keeps between
+    them (see the module docstring)."""
+
+    def __init__(self, timeline: _Timeline, run, recompute: bool, last: bool,
+                 microbatches: int, schedule: str) -> None:
+        self.timeline, self.run, self.recompute, self.last = timeline, run, recompute, last
+        self.m, self.gpipe = microbatches, schedule == "gpipe"
+        self.inputs: dict[int, list] = {}
+        self.roots: dict[int, list] = {}  # outputs' gradient edges (the loss: itself)
+        self.sending: list = []  # outputs waiting for their send
+        self.grads_sending: list = []  # input gradients waiting for their send
+
+    def forward(self, i: int, args: list) -> None:
+        timeline = self.timeline
+        timeline.phase = "forward"
+        if self.recompute:
+            out = torch.utils.checkpoint.checkpoint(self.run, *args, use_reentrant=False)
+        else:
+            out = self.run(*args)
+        if self.last:
+            loss = out[0] if isinstance(out, (tuple, list)) else out
+            self.roots[i] = [loss.reshape(1).sum() / self.m]
+        else:
+            outs = [v.contiguous() for v in out]
+            self.roots[i] = [torch.autograd.graph.get_gradient_edge(v) if v.requires_grad
+                             else None for v in outs]
+            if not self.gpipe:
+                self.sending.clear()  # the previous forward's send completed
+            self.sending.append(outs)
+        self.inputs[i] = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+
+    def backward(self, i: int, grads: list) -> None:
+        timeline = self.timeline
+        # GPipe waits for every forward send after the last forward; 1F1B for the
+        # last forward's send with this backward's receive.
+        self.sending.clear()
+        timeline.phase, timeline.node = "backward", f"backward of microbatch {i}"
+        roots = self.roots.pop(i)
+        if self.last:
+            torch.autograd.backward(roots)
+        else:
+            pairs = [(r, g) for r, g in zip(roots, grads) if r is not None and g is not None]
+            torch.autograd.backward([r for r, _ in pairs], [g for _, g in pairs])
+        del grads, roots
+        inputs = self.inputs.pop(i)
+        input_grads = [a.grad for a in inputs]
+        del inputs
+        if not self.gpipe:
+            self.grads_sending.clear()  # the previous backward's send completed
+        self.grads_sending.append(input_grads)
+
+    def finish(self) -> None:
+        self.sending.clear()
+        self.grads_sending.clear()
