@@ -698,7 +698,7 @@ class ShardingIlp:
                 b.entries(rows, cols[root[node.tied_to]], -1.0)
 
         budget_col = None
-        mem_unit = float(memory_budget_bytes) if memory_budget_bytes else 1.0
+        mem_unit = _memory_unit(table, index, nw, memory_budget_bytes)
         if memory is not None:
             budget_col = memory.build(b, members, root, index, cols, edge_cols, nw, mem_unit)
         lp = b.lp()
@@ -708,6 +708,19 @@ class ShardingIlp:
                       sum(len(c) for c in cols.values()), num_edge_vars,
                       memory.line if memory is not None else timeline(table),
                       np.array(memory.limit_rows if memory is not None else [], dtype=np.int64))
+
+
+def _memory_unit(table: StrategyTable, index, nw, budget: float | None) -> float:
+    """The bytes one unit of the memory rows stands for: the first budget, so
+    that the rows are O(1), but never less than the least bytes the state and
+    inputs hold (a lower bound on every feasible budget). A first solve at a
+    tiny budget (``_leanest`` asks for 1 byte to learn the least) otherwise
+    put coefficients of 1e11 into the rows: HiGHS then called the least-budget
+    LP unknown and its MIP infeasible, and no least budget was found (GPT-3
+    76B on 2x8)."""
+    floor = sum(float(np.min((node.state_bytes + node.input_bytes)[index[v]]))
+                * nw.get(v, 1.0) for v, node in table.nodes.items() if len(index[v]))
+    return max(float(budget or 0.0), floor, 1.0)
 
 
 def _shared_gradient_terms(b: _Builder, table: StrategyTable, root, index, cols, nw) -> None:
