@@ -212,6 +212,9 @@ EXACT_COLUMNS = 20_000
 #: root, and gives up after this many fixes that made the LP infeasible
 #: (near the least budget each such proof costs a slow LP solve).
 _DIVE_STEPS, _DIVE_TRIES, _DIVE_FAILURES = 400, 2, 4
+#: The least-budget MIP's tie-break among plans of least peak: compute time,
+#: all of it priced at this share of the least budget's LP bound.
+LEAST_TIE_WEIGHT = 1e-5
 #: A binary this close to 0 or 1 counts as integral.
 _INTEGRAL = 1e-6
 
@@ -427,10 +430,13 @@ class ShardingIlp:
 
     def _solve_at_least(self, model: _Model, budget: float):
         """The plan at the least budget, the same whatever was solved before
-        (the least budget an error names is this plan's simulated peak): for
-        small models branch and bound from scratch to optimality, for large
-        ones the plan the least budget was found with."""
-        if not self._exact(model) and self._least_plan is not None:
+        (the least budget an error names is this plan's simulated or
+        checkpointed peak): the plan the least budget was found with. For small
+        models that is the least-budget MIP's, found without step times, so the
+        same on slow links and fast ones (a plan of least time among the plans
+        of least memory is not: its checkpointed least moved with the links).
+        Without one, branch and bound from scratch to optimality."""
+        if self._least_plan is not None:
             return self._least_plan, "least", float(model.cost() @ self._least_plan)
         h = _load(model.lp, self.time_limit_s, 1e-6, relax=False)
         h.changeColBounds(model.budget_col, budget / model.mem_unit, budget / model.mem_unit)
@@ -572,12 +578,24 @@ class ShardingIlp:
             h = _load(lp, self.time_limit_s, 1e-6, relax=False)
             cost = np.zeros(n)
             cost[model.budget_col] = 1.0
+            # Among plans of least peak, the one of least compute: a tie-break
+            # that does not depend on the links (step times do: plans of least
+            # time among those of least peak kept a least checkpointed budget
+            # that moved with the link speed). It moves the least by < w.
+            compute = self._compute_cost(model)
+            if compute.any():
+                bound_units = self._least_bound_bytes / model.mem_unit
+                cost += LEAST_TIE_WEIGHT * bound_units * compute / compute.sum()
             h.changeColsCost(n, np.arange(n, dtype=np.int32), cost)
             h.changeColBounds(model.budget_col, 0.0, highspy.kHighsInf)
             if self._run(h) != highspy.HighsModelStatus.kOptimal:
                 return float("nan")
-            least = float(h.getInfo().objective_function_value) * model.mem_unit
-            self._least_bound_bytes = max(self._least_bound_bytes, least * (1 - 1e-7))
+            plan = np.asarray(h.getSolution().col_value)
+            least = float(plan[model.budget_col]) * model.mem_unit
+            self._least_bound_bytes = max(self._least_bound_bytes,
+                                          least * (1 - LEAST_TIE_WEIGHT) * (1 - 1e-7))
+            self._fitting.append((self._peak(model, plan), plan))
+            self._least_plan = plan
             return least
         h = relaxed
         least = float(h.getInfo().objective_function_value) * model.mem_unit
@@ -596,6 +614,17 @@ class ShardingIlp:
         self._fitting.append((peak, plan))
         self._least_plan = plan
         return max(peak, least)
+
+    def _compute_cost(self, model: _Model) -> np.ndarray:
+        """Per column, the compute seconds (no communication: they do not
+        depend on the links) its strategy costs, depth-weighted."""
+        cost = np.zeros(model.lp.num_col_)
+        nodes, nw = self.table.nodes, self.node_weight
+        for r, vs in self.members.items():
+            if r in model.cols:
+                cost[model.cols[r]] = sum(nodes[v].compute_s[self.index[v]] * nw.get(v, 1.0)
+                                          for v in vs)
+        return cost
 
     def _peak(self, model: _Model, x: np.ndarray) -> float:
         return estimate_memory(self.table, self._choice(model, x), model.line, self.optimizer,
