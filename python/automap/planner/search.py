@@ -347,7 +347,8 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         equal least memory tie, and a solver warm from other budgets may break
         the tie another way, giving another least budget after checkpointing."""
         if not lean:
-            lean.append(_leanest(solver(make_ilp())))
+            instance = make_ilp()
+            lean.append(_leanest(solver(instance), instance))
         return lean[0]
 
     def package(sol, checkpoint=None):
@@ -547,7 +548,7 @@ def _two_stage(traced, profile, table, budget, solve, could_fit, package, checkp
             f"bytes per device; the smallest feasible budget is about {least:.4g} bytes "
             f"({_size(least)}). Raise the budget, or use checkpointing='auto'.", int(least))
     if best is None:
-        # The memory-minimal intra-op plan, checkpointed, fits where no rung does.
+        # The memory-minimal intra-op plans, checkpointed, fit where no rung does.
         leanest, plain_least = leanest_plan()
         if leanest is not None and leanest.peak_memory_bytes <= budget:
             consider(package(leanest))
@@ -556,8 +557,12 @@ def _two_stage(traced, profile, table, budget, solve, could_fit, package, checkp
             if schedule is not None:
                 consider(package(leanest, CheckpointPlan.from_schedule(chain, schedule, None)))
     if best is None:
+        # The plan of least memory names the least: the same on slow links and
+        # fast ones, and a budget that plans (the fastest plan, checkpointed,
+        # may fit less, but its least moves with the links).
         least = min([_checkpointed_least(traced, profile, table, sol, repeats)
-                     for sol in (fastest, leanest) if sol is not None] + [plain_least])
+                     for sol in (leanest if leanest is not None else fastest,)]
+                    + [plain_least])
         raise InfeasibleBudgetError(
             f"no plan fits a memory budget of {budget:.4g} bytes per device, even with "
             f"activation checkpointing; the smallest feasible budget is about {least:.4g} bytes "
@@ -565,14 +570,20 @@ def _two_stage(traced, profile, table, budget, solve, could_fit, package, checkp
     return best
 
 
-def _leanest(solve):
-    """The intra-op plan of least memory and its modelled peak ((None, inf) when
-    the model finds none)."""
+def _leanest(solve, instance: ShardingIlp):
+    """An intra-op plan of least memory and its modelled peak ((None, inf)
+    when the model finds none): the one ``instance`` found the least with,
+    ties broken by compute alone, not by the links (the least an error names
+    is its, checkpointed: the same on slow links and fast ones). Else, where
+    the instance keeps none, the fastest plan at the least budget."""
     try:
         solve(1.0)
     except InfeasibleBudgetError as err:
         least = err.smallest_feasible_budget_bytes
         if least:
+            lean = instance.least_memory_plan()
+            if lean is not None:
+                return lean, float(least)
             try:
                 return solve(float(least) * (1 + 1e-6)), float(least)
             except InfeasibleBudgetError:

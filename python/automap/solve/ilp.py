@@ -299,13 +299,33 @@ class ShardingIlp:
             else:
                 x, status, bound = self._solve_budgeted(model, key, find_least)
         solve_s = time.perf_counter() - t0
+        sol = self._solution(model, x, status, bound, key, solve_s)
+        if key is not None:
+            self._fitting.append((sol.peak_memory_bytes, x))
+        log.debug("ILP solve (budget %s): %s, objective %.6g s, gap %.3g, %.2f s", key, status,
+                  sol.objective_s, sol.gap, solve_s)
+        model.build_s = 0.0  # paid once
+        self._solutions[key] = sol
+        return sol
+
+    def least_memory_plan(self) -> IlpSolution | None:
+        """The plan the least budget was found with (after a solve that named
+        it): of least peak, ties broken by compute time alone, so the same
+        whatever the links (the plan ``solve`` returns at the least budget is
+        the fastest of least peak: link speeds choose it). None: not known."""
+        model = self._budgeted
+        if model is None or self._least_plan is None or self._least_bytes is None:
+            return None
+        return self._solution(model, self._least_plan, "least memory",
+                              float(model.cost() @ self._least_plan), self._least_bytes, 0.0)
+
+    def _solution(self, model: _Model, x: np.ndarray, status: str, bound: float,
+                  key: float | None, solve_s: float) -> IlpSolution:
         choice = self._choice(model, x)
         peak = estimate_memory(self.table, choice, model.line, self.optimizer,
                                self.node_weight).peak_bytes
         objective = float(model.cost() @ x)
-        if key is not None:
-            self._fitting.append((peak, x))
-        sol = IlpSolution(
+        return IlpSolution(
             choice=choice,
             objective_s=objective / _US + model.constant_s,
             gap=max(0.0, (objective - bound) / objective) if objective > 0 else 0.0,
@@ -318,11 +338,6 @@ class ShardingIlp:
             num_edge_variables=model.num_edge_variables,
             num_rows=model.lp.num_row_,
         )
-        log.debug("ILP solve (budget %s): %s, objective %.6g s, gap %.3g, %.2f s", key, status,
-                  sol.objective_s, sol.gap, solve_s)
-        model.build_s = 0.0  # paid once
-        self._solutions[key] = sol
-        return sol
 
     def could_fit(self, memory_budget_bytes: float) -> bool:
         """False when no plan fits the budget, proved by the LP relaxation
@@ -430,13 +445,10 @@ class ShardingIlp:
 
     def _solve_at_least(self, model: _Model, budget: float):
         """The plan at the least budget, the same whatever was solved before
-        (the least budget an error names is this plan's simulated or
-        checkpointed peak): the plan the least budget was found with. For small
-        models that is the least-budget MIP's, found without step times, so the
-        same on slow links and fast ones (a plan of least time among the plans
-        of least memory is not: its checkpointed least moved with the links).
-        Without one, branch and bound from scratch to optimality."""
-        if self._least_plan is not None:
+        (the least budget an error names is this plan's simulated peak): for
+        small models branch and bound from scratch to optimality, for large
+        ones the plan the least budget was found with."""
+        if not self._exact(model) and self._least_plan is not None:
             return self._least_plan, "least", float(model.cost() @ self._least_plan)
         h = _load(model.lp, self.time_limit_s, 1e-6, relax=False)
         h.changeColBounds(model.budget_col, budget / model.mem_unit, budget / model.mem_unit)
