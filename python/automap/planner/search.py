@@ -52,6 +52,10 @@ if TYPE_CHECKING:
 #: n = 0 .. steps - 1, each solution checkpointed within the real budget B.
 LADDER_ALPHA, LADDER_STEPS = 0.25, 10
 
+#: Where the budget is under the least-budget LP's bound, the ladder starts
+#: this share above the bound (just above it the ILP is infeasible or slow).
+LADDER_FLOOR_MARGIN = 1e-3
+
 CHECKPOINTING = ("auto", "off", "only")
 
 #: Branch and bound stops within this share of the optimum (0.5 %: the step
@@ -364,7 +368,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         instance = make_ilp() if fresh else ilp
         if budget is None or mode == "off":
             return package(solver(instance)(budget))
-        return _two_stage(traced, profile, table, budget, solver(instance), instance.could_fit,
+        return _two_stage(traced, profile, table, budget, solver(instance), instance,
                           package, mode, ladder_alpha, ladder_steps, repeats, leanest)
 
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -497,7 +501,7 @@ def _rung(budget) -> str:
     return "the fastest plan" if budget is None else f"ILP rung {_size(budget)}"
 
 
-def _two_stage(traced, profile, table, budget, solve, could_fit, package, checkpointing, alpha,
+def _two_stage(traced, profile, table, budget, solve, instance, package, checkpointing, alpha,
                steps, repeats, leanest_plan) -> Plan:
     """MAP's two-stage search (section 5.3): intra-op plans for a ladder of
     looser budgets, each made to fit the real ``budget`` by the rotor
@@ -512,6 +516,7 @@ def _two_stage(traced, profile, table, budget, solve, could_fit, package, checkp
     fastest = solve(None)
     if fastest.peak_memory_bytes <= budget:
         return package(fastest)
+    could_fit = instance.could_fit
     rungs = [] if checkpointing == "only" else [
         budget * (1 + alpha) ** n for n in range(steps)
         if budget * (1 + alpha) ** n < fastest.peak_memory_bytes]
@@ -522,25 +527,38 @@ def _two_stage(traced, profile, table, budget, solve, could_fit, package, checkp
         if best is None or found.predicted_step_s < best.predicted_step_s:
             best = found
 
-    for rung in [*rungs, None]:
+    def climb(rung):
         if rung is not None and not could_fit(rung):
-            continue  # the LP relaxation proves it: no need for the least budget
+            return  # the LP relaxation proves it: no need for the least budget
         try:
             sol = solve(rung, find_least=False) if rung is not None else fastest
         except InfeasibleBudgetError:
-            continue
+            return
         if sol.peak_memory_bytes <= budget:
             consider(package(sol))  # fits without checkpoints
-            continue
+            return
         schedule, chain = _checkpoint(traced, profile, table, sol, budget, repeats)
         if schedule is None:
             log.info("%s: no checkpoint schedule fits %s", _rung(rung), _size(budget))
-            continue
+            return
         found = package(sol, CheckpointPlan.from_schedule(chain, schedule, rung))
         log.info("%s, checkpointed within %s: step %.3f ms (recomputation %.3f ms)",
                  _rung(rung), _size(budget), found.predicted_step_s * 1e3,
                  schedule.recompute_time_s * 1e3)
         consider(found)
+
+    for rung in [*rungs, None]:
+        climb(rung)
+    if best is None and rungs:
+        # Rungs under the least-budget LP's bound plan nothing: where none of
+        # the others fits either, one more just above the bound (GPT-3 76B on
+        # 2x8 with slow links at 80 GiB: the rungs under its plain least of
+        # about 333 GiB were skipped and the one at 381 GiB could not be
+        # checkpointed to fit; this one can, 18.0 s a step where the leanest
+        # plan alone takes 21.6 s).
+        floor = instance.least_bound_bytes() * (1 + LADDER_FLOOR_MARGIN)
+        if budget < floor < fastest.peak_memory_bytes and floor not in rungs:
+            climb(floor)
     if best is None and checkpointing == "only":
         least = _checkpointed_least(traced, profile, table, fastest, repeats)
         raise InfeasibleBudgetError(

@@ -356,6 +356,11 @@ class ShardingIlp:
         except InfeasibleBudgetError:
             return False
 
+    def least_bound_bytes(self) -> float:
+        """A budget no plan fits below (the least-budget LP's optimum, once a
+        budgeted solve or ``could_fit`` has run; 0 before)."""
+        return self._least_bound_bytes
+
     def _exact(self, model: _Model) -> bool:
         return model.lp.num_col_ <= self.exact_columns
 
