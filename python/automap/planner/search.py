@@ -53,6 +53,10 @@ if TYPE_CHECKING:
 #: n = 0 .. steps - 1, each solution checkpointed within the real budget B.
 LADDER_ALPHA, LADDER_STEPS = 0.25, 10
 
+#: Where the budget is under the least-budget LP's bound, the ladder starts
+#: this share above the bound (just above it the ILP is infeasible or slow).
+LADDER_FLOOR_MARGIN = 1e-3
+
 CHECKPOINTING = ("auto", "off", "only")
 
 #: Branch and bound stops within this share of the optimum (0.5 %: the step
@@ -357,7 +361,8 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         equal least memory tie, and a solver warm from other budgets may break
         the tie another way, giving another least budget after checkpointing."""
         if not lean:
-            lean.append(_leanest(solver(make_ilp())))
+            instance = make_ilp()
+            lean.append(_leanest(solver(instance), instance))
         return lean[0]
 
     def package(sol, checkpoint=None):
@@ -373,7 +378,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         instance = make_ilp() if fresh else ilp
         if budget is None or mode == "off":
             return package(solver(instance)(budget))
-        return _two_stage(traced, profile, table, budget, solver(instance), instance.could_fit,
+        return _two_stage(traced, profile, table, budget, solver(instance), instance,
                           package, mode, ladder_alpha, ladder_steps, repeats, leanest)
 
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -506,7 +511,7 @@ def _rung(budget) -> str:
     return "the fastest plan" if budget is None else f"ILP rung {_size(budget)}"
 
 
-def _two_stage(traced, profile, table, budget, solve, could_fit, package, checkpointing, alpha,
+def _two_stage(traced, profile, table, budget, solve, instance, package, checkpointing, alpha,
                steps, repeats, leanest_plan) -> Plan:
     """MAP's two-stage search (section 5.3): intra-op plans for a ladder of
     looser budgets, each made to fit the real ``budget`` by the rotor
@@ -521,6 +526,7 @@ def _two_stage(traced, profile, table, budget, solve, could_fit, package, checkp
     fastest = solve(None)
     if fastest.peak_memory_bytes <= budget:
         return package(fastest)
+    could_fit = instance.could_fit
     rungs = [] if checkpointing == "only" else [
         budget * (1 + alpha) ** n for n in range(steps)
         if budget * (1 + alpha) ** n < fastest.peak_memory_bytes]
@@ -531,25 +537,38 @@ def _two_stage(traced, profile, table, budget, solve, could_fit, package, checkp
         if best is None or found.predicted_step_s < best.predicted_step_s:
             best = found
 
-    for rung in [*rungs, None]:
+    def climb(rung):
         if rung is not None and not could_fit(rung):
-            continue  # the LP relaxation proves it: no need for the least budget
+            return  # the LP relaxation proves it: no need for the least budget
         try:
             sol = solve(rung, find_least=False) if rung is not None else fastest
         except InfeasibleBudgetError:
-            continue
+            return
         if sol.peak_memory_bytes <= budget:
             consider(package(sol))  # fits without checkpoints
-            continue
+            return
         schedule, chain = _checkpoint(traced, profile, table, sol, budget, repeats)
         if schedule is None:
             log.info("%s: no checkpoint schedule fits %s", _rung(rung), _size(budget))
-            continue
+            return
         found = package(sol, CheckpointPlan.from_schedule(chain, schedule, rung))
         log.info("%s, checkpointed within %s: step %.3f ms (recomputation %.3f ms)",
                  _rung(rung), _size(budget), found.predicted_step_s * 1e3,
                  schedule.recompute_time_s * 1e3)
         consider(found)
+
+    for rung in [*rungs, None]:
+        climb(rung)
+    if best is None and rungs:
+        # Rungs under the least-budget LP's bound plan nothing: where none of
+        # the others fits either, one more just above the bound (GPT-3 76B on
+        # 2x8 with slow links at 80 GiB: the rungs under its plain least of
+        # about 333 GiB were skipped and the one at 381 GiB could not be
+        # checkpointed to fit; this one can, 18.0 s a step where the leanest
+        # plan alone takes 21.6 s).
+        floor = instance.least_bound_bytes() * (1 + LADDER_FLOOR_MARGIN)
+        if budget < floor < fastest.peak_memory_bytes and floor not in rungs:
+            climb(floor)
     if best is None and checkpointing == "only":
         least = _checkpointed_least(traced, profile, table, fastest, repeats)
         raise InfeasibleBudgetError(
@@ -557,7 +576,7 @@ def _two_stage(traced, profile, table, budget, solve, could_fit, package, checkp
             f"bytes per device; the smallest feasible budget is about {least:.4g} bytes "
             f"({_size(least)}). Raise the budget, or use checkpointing='auto'.", int(least))
     if best is None:
-        # The memory-minimal intra-op plan, checkpointed, fits where no rung does.
+        # The memory-minimal intra-op plans, checkpointed, fit where no rung does.
         leanest, plain_least = leanest_plan()
         if leanest is not None and leanest.peak_memory_bytes <= budget:
             consider(package(leanest))
@@ -566,8 +585,12 @@ def _two_stage(traced, profile, table, budget, solve, could_fit, package, checkp
             if schedule is not None:
                 consider(package(leanest, CheckpointPlan.from_schedule(chain, schedule, None)))
     if best is None:
+        # The plan of least memory names the least: the same on slow links and
+        # fast ones, and a budget that plans (the fastest plan, checkpointed,
+        # may fit less, but its least moves with the links).
         least = min([_checkpointed_least(traced, profile, table, sol, repeats)
-                     for sol in (fastest, leanest) if sol is not None] + [plain_least])
+                     for sol in (leanest if leanest is not None else fastest,)]
+                    + [plain_least])
         raise InfeasibleBudgetError(
             f"no plan fits a memory budget of {budget:.4g} bytes per device, even with "
             f"activation checkpointing; the smallest feasible budget is about {least:.4g} bytes "
@@ -575,14 +598,20 @@ def _two_stage(traced, profile, table, budget, solve, could_fit, package, checkp
     return best
 
 
-def _leanest(solve):
-    """The intra-op plan of least memory and its modelled peak ((None, inf) when
-    the model finds none)."""
+def _leanest(solve, instance: ShardingIlp):
+    """An intra-op plan of least memory and its modelled peak ((None, inf)
+    when the model finds none): the one ``instance`` found the least with,
+    ties broken by compute alone, not by the links (the least an error names
+    is its, checkpointed: the same on slow links and fast ones). Else, where
+    the instance keeps none, the fastest plan at the least budget."""
     try:
         solve(1.0)
     except InfeasibleBudgetError as err:
         least = err.smallest_feasible_budget_bytes
         if least:
+            lean = instance.least_memory_plan()
+            if lean is not None:
+                return lean, float(least)
             try:
                 return solve(float(least) * (1 + 1e-6)), float(least)
             except InfeasibleBudgetError:

@@ -212,6 +212,9 @@ EXACT_COLUMNS = 20_000
 #: root, and gives up after this many fixes that made the LP infeasible
 #: (near the least budget each such proof costs a slow LP solve).
 _DIVE_STEPS, _DIVE_TRIES, _DIVE_FAILURES = 400, 2, 4
+#: The least-budget MIP's tie-break among plans of least peak: compute time,
+#: all of it priced at this share of the least budget's LP bound.
+LEAST_TIE_WEIGHT = 1e-5
 #: A binary this close to 0 or 1 counts as integral.
 _INTEGRAL = 1e-6
 
@@ -296,13 +299,33 @@ class ShardingIlp:
             else:
                 x, status, bound = self._solve_budgeted(model, key, find_least)
         solve_s = time.perf_counter() - t0
+        sol = self._solution(model, x, status, bound, key, solve_s)
+        if key is not None:
+            self._fitting.append((sol.peak_memory_bytes, x))
+        log.debug("ILP solve (budget %s): %s, objective %.6g s, gap %.3g, %.2f s", key, status,
+                  sol.objective_s, sol.gap, solve_s)
+        model.build_s = 0.0  # paid once
+        self._solutions[key] = sol
+        return sol
+
+    def least_memory_plan(self) -> IlpSolution | None:
+        """The plan the least budget was found with (after a solve that named
+        it): of least peak, ties broken by compute time alone, so the same
+        whatever the links (the plan ``solve`` returns at the least budget is
+        the fastest of least peak: link speeds choose it). None: not known."""
+        model = self._budgeted
+        if model is None or self._least_plan is None or self._least_bytes is None:
+            return None
+        return self._solution(model, self._least_plan, "least memory",
+                              float(model.cost() @ self._least_plan), self._least_bytes, 0.0)
+
+    def _solution(self, model: _Model, x: np.ndarray, status: str, bound: float,
+                  key: float | None, solve_s: float) -> IlpSolution:
         choice = self._choice(model, x)
         peak = estimate_memory(self.table, choice, model.line, self.optimizer,
                                self.node_weight).peak_bytes
         objective = float(model.cost() @ x)
-        if key is not None:
-            self._fitting.append((peak, x))
-        sol = IlpSolution(
+        return IlpSolution(
             choice=choice,
             objective_s=objective / _US + model.constant_s,
             gap=max(0.0, (objective - bound) / objective) if objective > 0 else 0.0,
@@ -315,11 +338,6 @@ class ShardingIlp:
             num_edge_variables=model.num_edge_variables,
             num_rows=model.lp.num_row_,
         )
-        log.debug("ILP solve (budget %s): %s, objective %.6g s, gap %.3g, %.2f s", key, status,
-                  sol.objective_s, sol.gap, solve_s)
-        model.build_s = 0.0  # paid once
-        self._solutions[key] = sol
-        return sol
 
     def could_fit(self, memory_budget_bytes: float) -> bool:
         """False when no plan fits the budget, proved by the LP relaxation
@@ -337,6 +355,11 @@ class ShardingIlp:
             return self._relaxed(self._budgeted, budget, find_least=False) is not None
         except InfeasibleBudgetError:
             return False
+
+    def least_bound_bytes(self) -> float:
+        """A budget no plan fits below (the least-budget LP's optimum, once a
+        budgeted solve or ``could_fit`` has run; 0 before)."""
+        return self._least_bound_bytes
 
     def _exact(self, model: _Model) -> bool:
         return model.lp.num_col_ <= self.exact_columns
@@ -572,12 +595,24 @@ class ShardingIlp:
             h = _load(lp, self.time_limit_s, 1e-6, relax=False)
             cost = np.zeros(n)
             cost[model.budget_col] = 1.0
+            # Among plans of least peak, the one of least compute: a tie-break
+            # that does not depend on the links (step times do: plans of least
+            # time among those of least peak kept a least checkpointed budget
+            # that moved with the link speed). It moves the least by < w.
+            compute = self._compute_cost(model)
+            if compute.any():
+                bound_units = self._least_bound_bytes / model.mem_unit
+                cost += LEAST_TIE_WEIGHT * bound_units * compute / compute.sum()
             h.changeColsCost(n, np.arange(n, dtype=np.int32), cost)
             h.changeColBounds(model.budget_col, 0.0, highspy.kHighsInf)
             if self._run(h) != highspy.HighsModelStatus.kOptimal:
                 return float("nan")
-            least = float(h.getInfo().objective_function_value) * model.mem_unit
-            self._least_bound_bytes = max(self._least_bound_bytes, least * (1 - 1e-7))
+            plan = np.asarray(h.getSolution().col_value)
+            least = float(plan[model.budget_col]) * model.mem_unit
+            self._least_bound_bytes = max(self._least_bound_bytes,
+                                          least * (1 - LEAST_TIE_WEIGHT) * (1 - 1e-7))
+            self._fitting.append((self._peak(model, plan), plan))
+            self._least_plan = plan
             return least
         h = relaxed
         least = float(h.getInfo().objective_function_value) * model.mem_unit
@@ -596,6 +631,17 @@ class ShardingIlp:
         self._fitting.append((peak, plan))
         self._least_plan = plan
         return max(peak, least)
+
+    def _compute_cost(self, model: _Model) -> np.ndarray:
+        """Per column, the compute seconds (no communication: they do not
+        depend on the links) its strategy costs, depth-weighted."""
+        cost = np.zeros(model.lp.num_col_)
+        nodes, nw = self.table.nodes, self.node_weight
+        for r, vs in self.members.items():
+            if r in model.cols:
+                cost[model.cols[r]] = sum(nodes[v].compute_s[self.index[v]] * nw.get(v, 1.0)
+                                          for v in vs)
+        return cost
 
     def _peak(self, model: _Model, x: np.ndarray) -> float:
         return estimate_memory(self.table, self._choice(model, x), model.line, self.optimizer,
@@ -698,7 +744,7 @@ class ShardingIlp:
                 b.entries(rows, cols[root[node.tied_to]], -1.0)
 
         budget_col = None
-        mem_unit = float(memory_budget_bytes) if memory_budget_bytes else 1.0
+        mem_unit = _memory_unit(table, index, nw, memory_budget_bytes)
         if memory is not None:
             budget_col = memory.build(b, members, root, index, cols, edge_cols, nw, mem_unit)
         lp = b.lp()
@@ -708,6 +754,19 @@ class ShardingIlp:
                       sum(len(c) for c in cols.values()), num_edge_vars,
                       memory.line if memory is not None else timeline(table),
                       np.array(memory.limit_rows if memory is not None else [], dtype=np.int64))
+
+
+def _memory_unit(table: StrategyTable, index, nw, budget: float | None) -> float:
+    """The bytes one unit of the memory rows stands for: the first budget, so
+    that the rows are O(1), but never less than the least bytes the state and
+    inputs hold (a lower bound on every feasible budget). A first solve at a
+    tiny budget (``_leanest`` asks for 1 byte to learn the least) otherwise
+    put coefficients of 1e11 into the rows: HiGHS then called the least-budget
+    LP unknown and its MIP infeasible, and no least budget was found (GPT-3
+    76B on 2x8)."""
+    floor = sum(float(np.min((node.state_bytes + node.input_bytes)[index[v]]))
+                * nw.get(v, 1.0) for v, node in table.nodes.items() if len(index[v]))
+    return max(float(budget or 0.0), floor, 1.0)
 
 
 def _shared_gradient_terms(b: _Builder, table: StrategyTable, root, index, cols, nw) -> None:
