@@ -226,17 +226,23 @@ def simulate_step(traced, plan, *, rank: int | None = None, optimizer="adamw",
             timeline.phase, timeline.node = "backward", "backward"
             loss.backward()
             del loss, outputs
-            grads = {id(timeline.records[key]) for key in
-                     (p.grad.untyped_storage()._cdata for p in params if p.grad is not None)
-                     if key in timeline.records}
-            timeline.phase, timeline.node = "optimizer", "optimizer step"
-            if opt is not None:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            timeline.phase = "done"
-            timeline.step_clock = (start, timeline.clock)
-    return SimulatedStep(rank, timeline.peak, timeline.peak_phase,
-                         timeline.breakdown(grads),
+            return optimizer_step(timeline, rank, params, opt, start)
+
+
+def optimizer_step(timeline: _Timeline, rank: int, params, opt, start: int) -> SimulatedStep:
+    """After the backward: the optimizer's step on ``params`` (their gradients
+    its own category), then the step's record from ``start`` (the clock at
+    the step's beginning)."""
+    grads = {id(timeline.records[key]) for key in
+             (p.grad.untyped_storage()._cdata for p in params if p.grad is not None)
+             if key in timeline.records}
+    timeline.phase, timeline.node = "optimizer", "optimizer step"
+    if opt is not None:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    timeline.phase = "done"
+    timeline.step_clock = (start, timeline.clock)
+    return SimulatedStep(rank, timeline.peak, timeline.peak_phase, timeline.breakdown(grads),
                          dict(timeline.phase_peak), timeline.sampled(grads))
 
 

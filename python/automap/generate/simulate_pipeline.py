@@ -42,6 +42,7 @@ from automap.generate.simulate import (
     _Timeline,
     fake_inputs,
     fake_shards,
+    optimizer_step,
 )
 from automap.sharding.process_groups import SimulatedGroups
 from automap.trace.profiling import (
@@ -150,18 +151,7 @@ def simulate_stage(traced, plan, stage: int, *, position: int = 0, optimizer="ad
                                                          for t in tied)])
                 staged = flat.clone() if backend == "gloo" else None
                 del flat, staged
-            grad_records = {id(timeline.records[key]) for key in
-                     (p.grad.untyped_storage()._cdata for p in params if p.grad is not None)
-                     if key in timeline.records}
-            timeline.phase, timeline.node = "optimizer", "optimizer step"
-            if opt is not None:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            timeline.phase = "done"
-            timeline.step_clock = (start, timeline.clock)
-    return SimulatedStep(rank, timeline.peak, timeline.peak_phase,
-                         timeline.breakdown(grad_records), dict(timeline.phase_peak),
-                         timeline.sampled(grad_records))
+            return optimizer_step(timeline, rank, params, opt, start)
 
 
 def _needs_grad(value) -> bool:

@@ -24,12 +24,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from automap.planner.step_time import FORWARD_SHARE_WITHOUT_FLOPS, deferred_gradients
+from automap.planner.step_time import deferred_gradients, node_times
 from automap.solve.depth import instance_repeats
-from automap.solve.fsdp import fused_backward_delta_s, parameter_grad_axes
 from automap.solve.linearize import linearize
 from automap.solve.memory import plan_memory, timeline
-from automap.solve.shared_gradients import table_shared_gradients
 from automap.solve.strategies import ShardCounts
 
 
@@ -89,43 +87,10 @@ def cut_positions(traced, order: list[str], blocks) -> list[int]:
 
 
 def _node_times(profile, table, choice) -> dict[str, tuple[float, float]]:
-    """Per node (forward_s, backward_s) of one microbatch, without the deferred
-    gradients' all-reduce."""
-    mesh = table.mesh
-    into_fwd: dict[str, float] = {}
-    into_bwd: dict[str, float] = {}
-    for edge, _, _, path in table.conversions(choice):
-        consumer = edge[2]
-        into_fwd[consumer] = into_fwd.get(consumer, 0.0) + path.forward_cost_s
-        backward_s = path.backward_cost_s
-        grad_axes = parameter_grad_axes(table, edge[0], consumer, edge[3], [choice[consumer]])
-        if grad_axes is not None:
-            info = table.nodes[edge[0]].outputs[edge[1]]
-            backward_s += fused_backward_delta_s(mesh, str(path.src), str(path.dst), info.shape,
-                                                 info.dtype_bytes, grad_axes[0])
-        into_bwd[consumer] = into_bwd.get(consumer, 0.0) + backward_s
-    deferred = deferred_gradients(table, choice)
-    shared: dict[str, float] = {}
-    for group in table_shared_gradients(table, choice):
-        cost = mesh.all_reduce_cost_s(group.local_bytes, group.axes)
-        for consumer, _ in group.readers[1:]:
-            shared[consumer] = shared.get(consumer, 0.0) + cost
-    times = {}
-    for name, node in table.nodes.items():
-        c = choice[name]
-        prof = profile.by_name.get(name) if profile is not None else None
-        flops = (prof.fwd_flops + prof.bwd_flops) if prof is not None else 0
-        share = prof.fwd_flops / flops if flops else FORWARD_SHARE_WITHOUT_FLOPS
-        compute = float(node.compute_s[c])
-        bwd_comm = float(node.backward_comm_s[c]) - shared.get(name, 0.0)
-        for producer, _ in node.inputs:
-            param = table.nodes[producer].tied_to or producer
-            if param in deferred:
-                axes, nbytes = deferred[param]
-                bwd_comm -= mesh.all_reduce_cost_s(nbytes, axes)
-        times[name] = (compute * share + float(node.forward_comm_s[c]) + into_fwd.get(name, 0.0),
-                       compute * (1 - share) + max(bwd_comm, 0.0) + into_bwd.get(name, 0.0))
-    return times
+    """Per node (forward_s, backward_s) of one microbatch, conversions into it
+    included, without the deferred gradients' all-reduce."""
+    return {name: (t.forward_s + t.into_forward_s, t.backward_s + t.into_backward_s)
+            for name, t in node_times(profile, table, choice).items()}
 
 
 def crossing_bytes(table, choice, order: list[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -181,46 +181,44 @@ def gradient_buckets(table, choice, node_weight=None, bucket_bytes: int = DEFAUL
     return buckets, first_use
 
 
-def step_time(profile, table, choice, node_weight=None, edge_weight=None, checkpoint=None,
-              bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> StepTime:
-    """The overlapped step time of the strategies ``choice`` picks from
-    ``table`` (see the module docstring). ``node_weight`` / ``edge_weight``:
-    how often each node or edge occurs in the real model (depth-reduced
-    planning); a ``checkpoint`` plan's recomputed forwards (with their
-    collectives and conversions) run at the start of the backward."""
-    node_weight, edge_weight = node_weight or {}, edge_weight or {}
+@dataclass
+class NodeTime:
+    """One node's seconds under a choice: its own forward and backward (compute
+    and collectives, the deferred gradient all-reduces taken out), and the
+    conversions into it, as often as their edges occur and once."""
+
+    forward_s: float
+    backward_s: float
+    into_forward_s: float = 0.0
+    into_backward_s: float = 0.0
+    into_forward_once_s: float = 0.0
+
+
+def node_times(profile, table, choice, edge_weight=None) -> dict[str, NodeTime]:
+    """``NodeTime`` of every node (graph order) of the strategies ``choice``
+    picks from ``table``; ``edge_weight``: how often each edge occurs."""
+    edge_weight = edge_weight or {}
     mesh = table.mesh
-    # Conversions into each node: forward and backward seconds, as often as
-    # they occur; and forward seconds once, for recomputation.
-    into_fwd: dict[str, float] = {}
-    into_bwd: dict[str, float] = {}
-    into_once: dict[str, float] = {}
+    times = {name: NodeTime(0.0, 0.0) for name in table.nodes}
     for edge, _, _, path in table.conversions(choice):
-        consumer, w = edge[2], edge_weight.get(edge, 1.0)
-        into_fwd[consumer] = into_fwd.get(consumer, 0.0) + w * path.forward_cost_s
+        t, w = times[edge[2]], edge_weight.get(edge, 1.0)
         backward_s = path.backward_cost_s
-        grad_axes = parameter_grad_axes(table, edge[0], consumer, edge[3], [choice[consumer]])
+        grad_axes = parameter_grad_axes(table, edge[0], edge[2], edge[3], [choice[edge[2]]])
         if grad_axes is not None:  # a sharded parameter's gather, fused (solve/fsdp.py)
             info = table.nodes[edge[0]].outputs[edge[1]]
             backward_s += fused_backward_delta_s(mesh, str(path.src), str(path.dst), info.shape,
                                                  info.dtype_bytes, grad_axes[0])
-        into_bwd[consumer] = into_bwd.get(consumer, 0.0) + w * backward_s
-        into_once[consumer] = into_once.get(consumer, 0.0) + path.forward_cost_s
-
-    buckets, first_use = gradient_buckets(table, choice, node_weight, bucket_bytes)
+        t.into_forward_s += w * path.forward_cost_s
+        t.into_backward_s += w * backward_s
+        t.into_forward_once_s += path.forward_cost_s
     # Producers whose readers' gradient all-reduce a bucket runs instead: the
     # parameter, or its cast (priced on the cast's output, which it reduced).
     deferred_reads = {producer: axes for axes, _, producers in _deferred(table, choice).values()
                       for producer in producers}
     shard_count = ShardCounts(mesh)
     shared_s = shared_gradient_savings(table, choice)
-
-    recomputed = recomputed_forwards(checkpoint)
-    forward = optimizer = recompute_s = 0.0
-    backward: list[tuple[str, float]] = []  # per node in graph order
     for name, node in table.nodes.items():
         c = choice[name]
-        w = node_weight.get(name, 1.0)
         prof = profile.by_name.get(name) if profile is not None else None
         flops = (prof.fwd_flops + prof.bwd_flops) if prof is not None else 0
         share = prof.fwd_flops / flops if flops else FORWARD_SHARE_WITHOUT_FLOPS
@@ -232,13 +230,32 @@ def step_time(profile, table, choice, node_weight=None, edge_weight=None, checkp
                 nbytes = source.outputs[o].nbytes / shard_count(
                     source.out_specs[choice[producer]][o])
                 bwd_comm -= mesh.all_reduce_cost_s(nbytes, deferred_reads[producer])
-        node_forward = compute * share + float(node.forward_comm_s[c])
-        forward += w * node_forward + into_fwd.get(name, 0.0)
-        recompute_s += recomputed.get(name, 0) * (node_forward + into_once.get(name, 0.0))
-        backward.append((name, w * (compute * (1 - share) + max(bwd_comm, 0.0))
-                         + into_bwd.get(name, 0.0)))
+        times[name].forward_s = compute * share + float(node.forward_comm_s[c])
+        times[name].backward_s = compute * (1 - share) + max(bwd_comm, 0.0)
+    return times
+
+
+def step_time(profile, table, choice, node_weight=None, edge_weight=None, checkpoint=None,
+              bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> StepTime:
+    """The overlapped step time of the strategies ``choice`` picks from
+    ``table`` (see the module docstring). ``node_weight`` / ``edge_weight``:
+    how often each node or edge occurs in the real model (depth-reduced
+    planning); a ``checkpoint`` plan's recomputed forwards (with their
+    collectives and conversions) run at the start of the backward."""
+    node_weight = node_weight or {}
+    mesh = table.mesh
+    times = node_times(profile, table, choice, edge_weight)
+    buckets, first_use = gradient_buckets(table, choice, node_weight, bucket_bytes)
+    recomputed = recomputed_forwards(checkpoint)
+    forward = optimizer = recompute_s = 0.0
+    backward: list[tuple[str, float]] = []  # per node in graph order
+    for name, node in table.nodes.items():
+        t, w = times[name], node_weight.get(name, 1.0)
+        forward += w * t.forward_s + t.into_forward_s
+        recompute_s += recomputed.get(name, 0) * (t.forward_s + t.into_forward_once_s)
+        backward.append((name, w * t.backward_s + t.into_backward_s))
         if node.optimizer_s is not None:
-            optimizer += w * float(node.optimizer_s[c])
+            optimizer += w * float(node.optimizer_s[choice[name]])
 
     # When the backward passes each node (it runs the nodes in reverse order).
     clock = forward + recompute_s
