@@ -207,17 +207,7 @@ def simulate_step(traced, plan, *, rank: int | None = None, optimizer="adamw",
         module = assemble(traced, plan, groups, rank, device, local_inputs, grad_bucket_bytes,
                           lambda shards: fake_shards(traced, plan, shards, rank, device))
         inputs = fake_inputs(traced, plan, rank, device, local_inputs)
-        params = [p for p in module.parameters() if p.requires_grad]
-        opt, _ = make_optimizer(optimizer, params, device)
-        if opt is not None:
-            create_optimizer_state(opt, params)
-        for kind, tensors in (("parameters", module.parameters()),
-                              ("buffers", module.buffers()),
-                              ("inputs", inputs),
-                              ("optimizer_state", optimizer_tensors(opt))):
-            for t in tensors:
-                if isinstance(t, torch.Tensor):
-                    timeline.track(t, kind)
+        params, opt = persistent_state(timeline, module, inputs, optimizer, device)
         with TrackStorage(timeline, device):
             timeline.phase = "forward"
             start = timeline.clock
@@ -227,6 +217,24 @@ def simulate_step(traced, plan, *, rank: int | None = None, optimizer="adamw",
             loss.backward()
             del loss, outputs
             return optimizer_step(timeline, rank, params, opt, start)
+
+
+def persistent_state(timeline: _Timeline, module, inputs, optimizer, device):
+    """The trainable parameters and the optimizer (its state created) of
+    ``module``; parameters, buffers, ``inputs`` and optimizer state tracked as
+    live for the whole step."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt, _ = make_optimizer(optimizer, params, device)
+    if opt is not None:
+        create_optimizer_state(opt, params)
+    for kind, tensors in (("parameters", module.parameters()),
+                          ("buffers", module.buffers()),
+                          ("inputs", inputs),
+                          ("optimizer_state", optimizer_tensors(opt))):
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                timeline.track(t, kind)
+    return params, opt
 
 
 def optimizer_step(timeline: _Timeline, rank: int, params, opt, start: int) -> SimulatedStep:

@@ -43,13 +43,11 @@ from automap.generate.simulate import (
     fake_inputs,
     fake_shards,
     optimizer_step,
+    persistent_state,
 )
 from automap.sharding.process_groups import SimulatedGroups
 from automap.trace.profiling import (
     TrackStorage,
-    create_optimizer_state,
-    make_optimizer,
-    optimizer_tensors,
 )
 
 
@@ -103,17 +101,7 @@ def simulate_stage(traced, plan, stage: int, *, position: int = 0, optimizer="ad
         batch = [torch.empty((v.shape[0] * m, *v.shape[1:]), dtype=v.dtype, device=device)
                  if isinstance(v, torch.Tensor) else v
                  for v in fake_inputs(traced, stage_plan, rank, device, False)]
-        params: list[torch.Tensor] = [p for p in module.parameters() if p.requires_grad]
-        opt, _ = make_optimizer(optimizer, params, device)
-        if opt is not None:
-            create_optimizer_state(opt, params)
-        for kind, tensors in (("parameters", module.parameters()),
-                              ("buffers", module.buffers()),
-                              ("inputs", batch),
-                              ("optimizer_state", optimizer_tensors(opt))):
-            for t in tensors:
-                if isinstance(t, torch.Tensor):
-                    timeline.track(t, kind)
+        params, opt = persistent_state(timeline, module, batch, optimizer, device)
         chunks = [torch.chunk(v, m, dim=0) if isinstance(v, torch.Tensor) else [v] * m
                   for v in batch]
         runner = _Runner(module, timeline)
