@@ -104,6 +104,7 @@ class _Pass:
             else:
                 raise AutomapError(f"unexpected {node.op} node {node.name} in a traced graph")
             self.tag_origin(node.name)
+        _drop_unused_local_ops(self.out.graph)
         return self.out
 
     def tag_origin(self, origin: str) -> None:
@@ -153,6 +154,8 @@ class _Pass:
         if node_plan.kind == "view" or family in ("expand", "unflatten"):
             args = localize.local_sizes(family, args, node, node_plan.outputs[0], self.mesh)
         scatter_dim = node_plan.scatter_dim
+        if family == "scaled_dot_product_attention":
+            args, kwargs = localize.causal_attention(node, args, kwargs, node_plan)
         rewritten = localize.rewrite(self.em, node, family, args, kwargs, node_plan, self.rank)
         if rewritten is not None:
             value, partial, scatter_dim = rewritten
@@ -325,6 +328,44 @@ class _Pass:
             else:
                 raise AutomapError(f"unsupported graph output kind {out_spec.kind.name}")
         self.out.graph.output(tuple(user))
+
+
+#: Local, deterministic helpers the generator emits; unused, they can go.
+_LOCAL_HELPERS = (take_shard, split_dim)
+
+
+def _drop_unused_local_ops(graph: fx.Graph) -> None:
+    """Erase the nodes whose results nothing reads and whose running has no effect: aten
+    ops that write nothing and draw no random numbers, local slicing helpers, and
+    metadata asserts on tensors that only asserts read. The constant causal mask is
+    one, once attention runs the causal kernel without it."""
+    changed = True
+    while changed:
+        changed = False
+        for node in reversed(graph.nodes):
+            if node.op == "call_function" and (_unused(node) or _lone_assert(node)):
+                graph.erase_node(node)
+                changed = True
+
+
+def _unused(node: fx.Node) -> bool:
+    if node.users:
+        return False
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        # Writes, asserts and random draws have effects beyond their result.
+        return not (target._schema.is_mutable or not target._schema.returns
+                    or node.is_impure() or torch.Tag.nondeterministic_seeded in target.tags)
+    return target in _LOCAL_HELPERS
+
+
+def _lone_assert(node: fx.Node) -> bool:
+    """A metadata assert on a tensor that nothing but asserts reads."""
+    if node.target is not torch.ops.aten._assert_tensor_metadata.default:
+        return False
+    checked = node.args[0]
+    return isinstance(checked, fx.Node) and all(
+        u.target is torch.ops.aten._assert_tensor_metadata.default for u in checked.users)
 
 
 def _bias_of(node: fx.Node, family: str) -> fx.Node | None:

@@ -28,6 +28,7 @@ from automap.generate.ops import loss_denominator, vocab_parallel_embedding
 from automap.generate.state import local_bounds
 from automap.sharding.collectives import split_dim
 from automap.sharding.spec import ShardingSpec
+from automap.trace.causal_mask import CAUSAL_MASK
 
 _SIZE_ARG_OPS = {"view", "reshape", "_unsafe_view", "expand"}
 _MEAN_REDUCTION, _SUM_REDUCTION = 1, 2
@@ -110,6 +111,22 @@ def vocab_parallel(em, args: tuple, kwargs: dict, weight_spec: str, weight_node:
     start, end = (int(b) for b in bounds[0])
     padding_idx = args[2] if len(args) > 2 else kwargs.get("padding_idx", -1)
     return em.call(vocab_parallel_embedding, args[0], args[1], start, end, int(padding_idx))
+
+
+def causal_attention(node: fx.Node, args: tuple, kwargs: dict, node_plan) -> tuple[tuple, dict]:
+    """Attention whose traced mask is the constant causal pattern
+    (``automap.trace.causal_mask``) as the causal kernel without the mask, as eager
+    models call it, where this rank's queries span the whole sequence; else as traced."""
+    if not node.meta.get(CAUSAL_MASK):
+        return args, kwargs
+    seq_dim = node.args[0].meta["val"].dim() - 2
+    if _axes_of(node_plan.inputs[0], seq_dim):
+        return args, kwargs
+    kwargs = dict(kwargs)
+    dropout_p = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
+    for key in ("attn_mask", "dropout_p", "is_causal"):
+        kwargs.pop(key, None)
+    return (*args[:3], None, dropout_p, True), kwargs
 
 
 RANDOM = {"dropout", "dropout_", "rand_like", "randn_like", "bernoulli"}

@@ -18,6 +18,7 @@ from automap.errors import AutomapError, UnsupportedOpError
 from automap.sharding.layout import layout_path
 from automap.sharding.spec import ShardingSpec, enumerate_specs
 from automap.solve.signatures import Signature, TensorRef, op_family, signature, written_args
+from automap.trace.causal_mask import CAUSAL_MASK
 
 #: Optimizer state per parameter byte (fp32 state for fp32 parameters).
 OPTIMIZER_STATE_FACTOR = {"sgd": 0, "sgd_momentum": 1, "momentum": 1, "adam": 2, "adamw": 2}
@@ -321,13 +322,19 @@ def _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count, device: De
     # A view's kernels: its forward, and its backward when a gradient flows.
     view_s = device.op_overhead_s * (2 if any(grads) else 1)
     if sig.kind == "einsum":
-        in_specs, out_specs, costs, reductions = _core.einsum_strategies(
-            mesh, device.flops_per_s, device.memory_bandwidth_bytes_per_s, device.op_overhead_s,
-            sig.letter_sizes, sig.unshardable, sig.input_letters, sig.output_letters,
-            [float(i.nbytes) for i in ins], [float(o.nbytes) for o in outs], grads,
-            sig.additive_flags(), flops, _is_view(node))
+        def strategies(flops: float):
+            return _core.einsum_strategies(
+                mesh, device.flops_per_s, device.memory_bandwidth_bytes_per_s,
+                device.op_overhead_s, sig.letter_sizes, sig.unshardable, sig.input_letters,
+                sig.output_letters, [float(i.nbytes) for i in ins],
+                [float(o.nbytes) for o in outs], grads, sig.additive_flags(), flops,
+                _is_view(node))
+
+        in_specs, out_specs, costs, reductions = strategies(flops)
         costs = np.frombuffer(costs, dtype=np.float64).reshape(-1, 3)
         in_specs = [tuple(s) for s in in_specs]
+        if node.meta.get(CAUSAL_MASK):
+            costs = _causal_kernel_costs(node, in_specs, costs, strategies, flops)
         if sig.split_reductions is not None:
             costs = costs + _split_reduction_costs(sig.split_reductions, ins, in_specs, mesh,
                                                    shard_count)
@@ -368,6 +375,19 @@ def _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count, device: De
         _activation_memory(options, ins, outs, prof, mesh, shard_count, params)
         options.saved_state_inputs = frozenset(prof.saved_state_bytes)
     return options
+
+
+def _causal_kernel_costs(node, in_specs, costs, strategies, flops: float) -> np.ndarray:
+    """Attention with a constant causal mask runs the causal kernel wherever its queries'
+    sequence stays whole (``automap.generate.localize.causal_attention``): it computes
+    the scores on and below the diagonal, L(L+1)/2 of L*S, not all of them."""
+    q, k = node.args[0].meta["val"], node.args[1].meta["val"]
+    length, keys = int(q.shape[-2]), int(k.shape[-2])
+    fraction = (length + 1) / (2 * keys)
+    causal = np.frombuffer(strategies(flops * fraction)[2], dtype=np.float64).reshape(-1, 3)
+    seq_dim = q.dim() - 2
+    whole = np.array([not ShardingSpec.parse(specs[0]).dims[seq_dim] for specs in in_specs])
+    return np.where(whole[:, None], causal, costs)
 
 
 def _activation_memory(options: NodeOptions, ins, outs, prof, mesh, shard_count,

@@ -31,6 +31,7 @@ from torch.utils import _pytree as pytree
 from automap.errors import TraceError, UnsupportedFunctionError
 from automap.progress import stage
 from automap.trace import hf_compat
+from automap.trace.causal_mask import mark_causal_masks
 from automap.trace.functions import opaque_functions
 from automap.trace.mixed_precision import (
     MixedPrecision,
@@ -323,6 +324,7 @@ def trace(
             device_type = _first_device_type(args, kwargs, model)
             casts = insert_autocast_casts(exported.graph_module, setting, device_type)
             log.info("mixed precision %s: %d casts inserted", setting.param_dtype, casts)
+        mark_causal_masks(exported.graph_module)
         traced = TracedGraph(exported, model, has_loss=loss_fn is not None)
         traced.mixed_precision = setting
         tracing.result(f"{len(traced.nodes)} nodes")
