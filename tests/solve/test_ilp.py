@@ -5,6 +5,7 @@ memory budget: the memory every plan is checked against is
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import random
 
@@ -133,3 +134,36 @@ def test_lp_dives_fit_the_budget_and_name_a_reachable_least(seed):
     assert sol.peak_memory_bytes <= budget * (1 + 1e-6)
     assert sol.objective_s >= best_s * (1 - 1e-9)
     assert 0.0 <= sol.gap < 1.0
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_budgets_that_fit_need_no_least_budget_lp(seed, monkeypatch):
+    """A budget the unconstrained optimum fits returns it without a solve; a budget
+    some plan fits is solved without the (sometimes slow) least-budget LP; the
+    least bound is still there for whoever asks."""
+    rng = random.Random(2000 + seed)
+    mesh = DeviceMesh((2, 2), alpha_s=[1e-6, 1e-5])
+    table = _random_table(rng, mesh)
+    peaks = [estimate_memory(table, dict(zip(table.nodes, combo)), timeline(table)).peak_bytes
+             for combo in itertools.product(*(range(len(n)) for n in table.nodes.values()))]
+    ilp = ShardingIlp(table, merge_followers=False, exact_columns=0)
+    fastest = ilp.solve(None)
+    least_lps = []
+    original = ShardingIlp._least_relaxation
+    monkeypatch.setattr(ShardingIlp, "_least_relaxation", lambda self, model: least_lps.append(
+        inspect.stack()[1].function) or original(self, model))
+    budget = (min(peaks) + fastest.peak_memory_bytes) / 2
+    if budget < fastest.peak_memory_bytes and any(p <= budget * 0.99 for p in peaks):
+        sol = ilp.solve(budget)
+        assert sol.peak_memory_bytes <= budget * (1 + 1e-6)
+        # (A dive that finds no plan may still look for the least-memory plan.)
+        assert "_relaxed" not in least_lps
+        assert 0 < ilp.least_bound_bytes() <= min(peaks) + 1
+
+    def no_solver(*args, **kwargs):
+        raise AssertionError("HiGHS ran for a budget the fastest plan fits")
+
+    monkeypatch.setattr(ilp, "_run", no_solver)
+    loose = ilp.solve(fastest.peak_memory_bytes * 1.01)
+    assert loose.choice == fastest.choice
+    assert ilp.could_fit(fastest.peak_memory_bytes * 1.001)

@@ -4,6 +4,7 @@ package the result as a Plan. No process group and no weights needed."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import time
@@ -386,11 +387,16 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     if not verify:
         return search(memory_budget_bytes)
 
+    steps: dict[tuple, object] = {}  # one simulation per distinct program
+
     def simulated(found):
         """``found`` with its peak and breakdown from the simulated step."""
-        with stage(log, "simulated the plan's training step") as simulating:
-            step = simulate_step(traced, found, optimizer=optimizer, backend=backend)
-            simulating.result(f"peak {_size(step.peak_bytes)}")
+        key = _program_key(found)
+        if key not in steps:
+            with stage(log, "simulated the plan's training step") as simulating:
+                steps[key] = simulate_step(traced, found, optimizer=optimizer, backend=backend)
+                simulating.result(f"peak {_size(steps[key].peak_bytes)}")
+        step = steps[key]
         found.solver["modelled_peak_bytes"] = found.predicted_peak_memory_bytes
         found.solver["simulated"] = True
         found.predicted_peak_memory_bytes = float(step.peak_bytes)
@@ -424,6 +430,17 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         if plain.predicted_step_s < found.predicted_step_s:
             return plain
     return found
+
+
+def _program_key(plan: Plan) -> tuple:
+    """What the generated program of ``plan`` depends on: two plans of one key run
+    the same step (searches at several budgets often return the same plan)."""
+    nodes = tuple((name, tuple(n.inputs), tuple(n.outputs), tuple(n.partial_axes),
+                   n.scatter_dim, tuple(tuple(a) for a in n.grad_reduce_axes))
+                  for name, n in plan.nodes.items())
+    checkpoint = json.dumps(plan.checkpoint.to_dict(), sort_keys=True) if plan.checkpoint \
+        else None
+    return nodes, checkpoint
 
 
 class _NotFaster(Exception):

@@ -215,6 +215,9 @@ _DIVE_STEPS, _DIVE_TRIES, _DIVE_FAILURES = 400, 2, 4
 #: The least-budget MIP's tie-break among plans of least peak: compute time,
 #: all of it priced at this share of the least budget's LP bound.
 LEAST_TIE_WEIGHT = 1e-5
+#: A budgeted LP relaxation is first tried for this share of the time limit before
+#: the least-budget LP (slow on some models) decides whether the budget can fit.
+QUICK_LP_SHARE = 0.1
 #: A binary this close to 0 or 1 counts as integral.
 _INTEGRAL = 1e-6
 
@@ -282,6 +285,11 @@ class ShardingIlp:
         key = None if memory_budget_bytes is None else float(memory_budget_bytes)
         if key in self._solutions:
             return self._solutions[key]
+        fastest = self._solutions.get(None)
+        if key is not None and fastest is not None and fastest.peak_memory_bytes <= key:
+            # The unconstrained optimum fits: it is the optimum under the budget too.
+            self._solutions[key] = fastest
+            return fastest
         t0 = time.perf_counter()
         if key is None:
             if self._unconstrained is None:
@@ -348,6 +356,8 @@ class ShardingIlp:
         if budget in self._solutions or (self._least_bytes is not None
                                          and budget >= self._least_bytes):
             return True
+        if any(sol.peak_memory_bytes <= budget for sol in self._solutions.values()):
+            return True  # a plan already found fits: no LP needed to say so
         if self._budgeted is None:
             with stage(log, "built the ILP with memory rows", min_s=1.0):
                 self._budgeted = self._build(budget)
@@ -357,8 +367,10 @@ class ShardingIlp:
             return False
 
     def least_bound_bytes(self) -> float:
-        """A budget no plan fits below (the least-budget LP's optimum, once a
-        budgeted solve or ``could_fit`` has run; 0 before)."""
+        """A budget no plan fits below: the least-budget LP's optimum (solved
+        here if no budgeted solve needed it; 0 before any budgeted solve)."""
+        if self._budgeted is not None:
+            self._least_relaxation(self._budgeted)
         return self._least_bound_bytes
 
     def _exact(self, model: _Model) -> bool:
@@ -376,7 +388,18 @@ class ShardingIlp:
         """The LP relaxation's (column values, objective); None when it has
         no optimum (time limit). No plan fits: ``InfeasibleBudgetError``,
         naming the least budget with ``find_least``."""
+        if model.relaxed is None:
+            model.relaxed = _load(model.lp, self.time_limit_s, self.mip_rel_gap, relax=True)
+        h = model.relaxed
         if budget is not None:
+            h.changeColBounds(model.budget_col, budget / model.mem_unit, budget / model.mem_unit)
+            if model.least_relaxed is None and budget >= self._least_bound_bytes:
+                # A budget that fits solves fast (GPT-2 small on (2,2,2): 1.3 s, where
+                # the least-budget LP takes 18-34 s): tried first, briefly.
+                if self._run(h, self.time_limit_s * QUICK_LP_SHARE) == \
+                        highspy.HighsModelStatus.kOptimal:
+                    return (np.asarray(h.getSolution().col_value),
+                            float(h.getInfo().objective_function_value))
             # Below the least-budget LP's optimum nothing fits: decided without
             # the budgeted LP, whose infeasibility proofs can stall the dual
             # simplex for minutes (GPT-2 small on (4,4,4): 119 s, where the
@@ -384,11 +407,6 @@ class ShardingIlp:
             self._least_relaxation(model)
             if budget < self._least_bound_bytes:
                 self._infeasible(model, budget, find_least)
-        if model.relaxed is None:
-            model.relaxed = _load(model.lp, self.time_limit_s, self.mip_rel_gap, relax=True)
-        h = model.relaxed
-        if budget is not None:
-            h.changeColBounds(model.budget_col, budget / model.mem_unit, budget / model.mem_unit)
         status = self._run(h)
         if status == highspy.HighsModelStatus.kInfeasible and budget is not None:
             self._infeasible(model, budget, find_least)
@@ -396,10 +414,10 @@ class ShardingIlp:
             return None
         return np.asarray(h.getSolution().col_value), float(h.getInfo().objective_function_value)
 
-    def _run(self, h: highspy.Highs):
-        """Run ``h`` for at most ``time_limit_s`` more seconds (HiGHS's limit
-        counts the instance's whole run time) and return its status."""
-        h.setOptionValue("time_limit", h.getRunTime() + self.time_limit_s)
+    def _run(self, h: highspy.Highs, limit_s: float | None = None):
+        """Run ``h`` for at most ``limit_s`` (default ``time_limit_s``) more seconds
+        (HiGHS's limit counts the instance's whole run time) and return its status."""
+        h.setOptionValue("time_limit", h.getRunTime() + (limit_s or self.time_limit_s))
         h.run()
         return h.getModelStatus()
 
