@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import highspy
@@ -288,8 +288,9 @@ class ShardingIlp:
         fastest = self._solutions.get(None)
         if key is not None and fastest is not None and fastest.peak_memory_bytes <= key:
             # The unconstrained optimum fits: it is the optimum under the budget too.
-            self._solutions[key] = fastest
-            return fastest
+            sol = replace(fastest, build_s=0.0, solve_s=0.0, memory_binding=False)
+            self._solutions[key] = sol
+            return sol
         t0 = time.perf_counter()
         if key is None:
             if self._unconstrained is None:
