@@ -74,7 +74,7 @@ def row(name: str, nodes: int, link: str, batch: int, microbatches: int,
         intra = p.pipeline.intra_op_step_s
         chosen = (f"{p.pipeline.stage_count} stages of {tuple(p.pipeline.submesh_shape)}"
                   + (f" x {p.pipeline.virtual_stages} chunks" if p.pipeline.virtual_stages > 1
-                     else "") + ", peak {p.predicted_peak_memory_bytes / 2**30:.1f} GiB")
+                     else "") + f", peak {p.predicted_peak_memory_bytes / 2**30:.1f} GiB")
     else:
         intra = p.predicted_step_s
         chosen = f"intra-op only on {p.mesh.shape}, peak " \
