@@ -16,8 +16,9 @@ this stage (``schedule_order``), with what the schedules hold:
   1F1B releases a forward's outputs at the next operation and keeps a
   backward's input gradients until the next backward; interleaved 1F1B (a
   rank's ``v`` chunks, each its own module, in torch's order of chunk
-  operations, ``pipeline_order``) likewise, at the rank's next operation
-  and next backward of any chunk;
+  operations, ``pipeline_order``), as torch's runtime schedule waits for
+  its sends: a forward's outputs after that microbatch's backward on the
+  chunk, every input gradient at the end of the step;
 - the gradient of an output arrives as a fresh buffer before its backward;
 - a recomputing stage runs its forward under a non-reentrant checkpoint;
 - the data-parallel buckets are summed once after the last backward
@@ -133,11 +134,6 @@ def simulate_stage(traced, plan, stage: int, *, position: int = 0, optimizer="ad
                     deferred.enter_context(sync.deferred())
                 for kind, i, j in schedule_order(record.schedule, m, n, stage, virtual):
                     timeline.phase = "forward" if kind == "F" else "backward"
-                    if virtual > 1:  # the rank's previous sends completed
-                        for other in steps.values():
-                            other.sending.clear()
-                            if kind == "B":
-                                other.grads_sending.clear()
                     if kind == "F":
                         args = [c[i] for c in inputs] if j == 0 else \
                             [_received(values[v], device) for v in received[j]]
@@ -184,6 +180,10 @@ class _StageStep:
                  microbatches: int, schedule: str) -> None:
         self.timeline, self.run, self.recompute, self.last = timeline, run, recompute, last
         self.m, self.gpipe = microbatches, schedule == "gpipe"
+        # torch's interleaved runtime waits for a forward's send after that
+        # microbatch's backward on the chunk, for gradient sends at the end.
+        self.runtime = schedule == "interleaved"
+        self.sent_outputs: dict[int, list] = {}
         self.inputs: dict[int, list] = {}
         self.roots: dict[int, list] = {}  # outputs' gradient edges (the loss: itself)
         self.sending: list = []  # outputs waiting for their send
@@ -203,9 +203,12 @@ class _StageStep:
             outs = [v.contiguous() for v in out]
             self.roots[i] = [torch.autograd.graph.get_gradient_edge(v) if v.requires_grad
                              else None for v in outs]
-            if not self.gpipe:
-                self.sending.clear()  # the previous forward's send completed
-            self.sending.append(outs)
+            if self.runtime:
+                self.sent_outputs[i] = outs
+            else:
+                if not self.gpipe:
+                    self.sending.clear()  # the previous forward's send completed
+                self.sending.append(outs)
         self.inputs[i] = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
 
     def backward(self, i: int, grads: list) -> None:
@@ -224,10 +227,12 @@ class _StageStep:
         inputs = self.inputs.pop(i)
         input_grads = [a.grad for a in inputs]
         del inputs
-        if not self.gpipe:
+        self.sent_outputs.pop(i, None)
+        if not (self.gpipe or self.runtime):
             self.grads_sending.clear()  # the previous backward's send completed
         self.grads_sending.append(input_grads)
 
     def finish(self) -> None:
+        self.sent_outputs.clear()
         self.sending.clear()
         self.grads_sending.clear()
