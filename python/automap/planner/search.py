@@ -167,8 +167,8 @@ def plan(
     plan of one of ``microbatches`` microbatches is made on the submesh, and
     the stage boundaries minimise the ``schedule``'s step (``"1f1b"``,
     ``"gpipe"`` or ``"interleaved"``: ``n * v`` chunks, chunk ``j`` on stage
-    ``j mod n``, ``v`` chosen by the search) within the budget per stage (``automap.planner.pipeline_search``);
-    the plan's ``pipeline`` records the stages.
+    ``j mod n``, ``v`` chosen by the search) within the budget per stage
+    (``automap.planner.pipeline_search``); the plan's ``pipeline`` records the stages.
 
     ``verify``: run one training step of the generated program on fake tensors
     (``automap.generate.simulate``) and report its peak memory; within a budget,
