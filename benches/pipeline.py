@@ -8,7 +8,11 @@ stage counts > 1 that cut the mesh), and what the search chose.
 
     python benches/pipeline.py [--models gpt3-13b,gpt3-39b,gpt3-76b,gpt3-175b] [--nodes 2,4,8]
                                [--links slow,fast] [--microbatches 8] [--batch 16]
-                               [--budget-gib 80] [--json]
+                               [--budget-gib 80] [--schedules 1f1b,interleaved] [--json]
+
+``--schedules`` plans each row under every schedule named (``interleaved``:
+the search also chooses the chunks per rank, shown as ``x v``), so 1F1B's and
+interleaved 1F1B's predicted steps stand side by side.
 """
 
 from __future__ import annotations
@@ -51,33 +55,38 @@ def cluster_mesh(nodes: int, link: str) -> DeviceMesh:
 
 
 def row(name: str, nodes: int, link: str, batch: int, microbatches: int,
-        budget_bytes: float | None) -> dict:
+        budget_bytes: float | None, schedule: str = "1f1b") -> dict:
     model, inputs = gpt3_like(name, batch)
     mesh = cluster_mesh(nodes, link)
     start = time.perf_counter()
     try:
         p = plan(model, inputs, mesh, budget_bytes, flops_per_s=FLOPS_PER_S,
                  memory_bandwidth_bytes_per_s=MEMORY_BANDWIDTH, op_overhead_s=OP_OVERHEAD_S,
-                 reduce_depth=True, pipeline="auto", microbatches=microbatches)
+                 reduce_depth=True, pipeline="auto", microbatches=microbatches,
+                 schedule=schedule)
     except InfeasibleBudgetError as err:
-        return {"model": name, "nodes": nodes, "link": link, "error": str(err)[:120],
-                "plan_s": time.perf_counter() - start}
+        return {"model": name, "nodes": nodes, "link": link, "schedule": schedule,
+                "error": str(err)[:120], "plan_s": time.perf_counter() - start}
     plan_s = time.perf_counter() - start
     candidates = [c for c in p.solver.get("pipeline_candidates", []) if c["step_s"] is not None]
     best_pipe = min(candidates, key=lambda c: c["step_s"], default=None)
     if p.pipeline is not None:
         intra = p.pipeline.intra_op_step_s
-        chosen = (f"{p.pipeline.stage_count} stages of {tuple(p.pipeline.submesh_shape)}, "
-                  f"peak {p.predicted_peak_memory_bytes / 2**30:.1f} GiB")
+        chosen = (f"{p.pipeline.stage_count} stages of {tuple(p.pipeline.submesh_shape)}"
+                  + (f" x {p.pipeline.virtual_stages} chunks" if p.pipeline.virtual_stages > 1
+                     else "") + f", peak {p.predicted_peak_memory_bytes / 2**30:.1f} GiB")
     else:
         intra = p.predicted_step_s
         chosen = f"intra-op only on {p.mesh.shape}, peak " \
                  f"{p.predicted_peak_memory_bytes / 2**30:.1f} GiB"
-    return {"model": name, "nodes": nodes, "link": link, "plan_s": plan_s,
+    return {"model": name, "nodes": nodes, "link": link, "schedule": schedule,
+            "plan_s": plan_s,
             "stage_search_s": sum(c["search_s"] for c in p.solver.get("pipeline_candidates", [])),
             "intra_op_ms": None if intra is None else intra * 1e3,
             "pipeline_ms": None if best_pipe is None else best_pipe["step_s"] * 1e3,
-            "pipeline_stages": None if best_pipe is None else best_pipe["stages"],
+            "pipeline_stages": None if best_pipe is None else
+            f"{best_pipe['stages']}" + (f"x{best_pipe['virtual_stages']}"
+                                        if (best_pipe.get("virtual_stages") or 1) > 1 else ""),
             "stages": 1 if p.pipeline is None else p.pipeline.stage_count,
             "chosen": chosen, "rss_gib": peak_rss_bytes() / 2**30}
 
@@ -91,32 +100,36 @@ def main() -> None:
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--budget-gib", type=float, default=80.0,
                         help="memory per device (0: no limit)")
+    parser.add_argument("--schedules", default="1f1b",
+                        help="comma-separated: 1f1b, gpipe, interleaved")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     logging.getLogger("transformers").setLevel(logging.ERROR)
     warnings.simplefilter("ignore")
     budget = args.budget_gib * 2**30 if args.budget_gib > 0 else None
     if not args.json:
-        print(f"{'model':10} {'cluster':8} {'x-node':6} {'plan s':>7} {'(stages s)':>10} "
+        print(f"{'model':10} {'cluster':8} {'x-node':6} {'schedule':11} {'plan s':>7} "
+              f"{'(stages s)':>10} "
               f"{'intra-op ms':>12} "
               f"{'pipeline ms':>12} {'(stages)':>8}  chosen", flush=True)
     for name in args.models.split(","):
         for nodes in (int(n) for n in args.nodes.split(",")):
-            for link in args.links.split(","):
-                r = row(name, nodes, link, args.batch, args.microbatches, budget)
+            for link, schedule in ((lk, sc) for lk in args.links.split(",")
+                                   for sc in args.schedules.split(",")):
+                r = row(name, nodes, link, args.batch, args.microbatches, budget, schedule)
                 if args.json:
                     print(json.dumps(r), flush=True)
                     continue
                 cluster = f"{nodes}x{DEVICES_PER_NODE}"
                 if "error" in r:
-                    print(f"{name:10} {cluster:8} {link:6} {r['plan_s']:7.1f} {r['error']}",
-                          flush=True)
+                    print(f"{name:10} {cluster:8} {link:6} {schedule:11} {r['plan_s']:7.1f} "
+                          f"{r['error']}", flush=True)
                     continue
 
                 def ms(v):
                     return f"{v:12.1f}" if v is not None else f"{'-':>12}"
 
-                print(f"{name:10} {cluster:8} {link:6} {r['plan_s']:7.1f} "
+                print(f"{name:10} {cluster:8} {link:6} {schedule:11} {r['plan_s']:7.1f} "
                       f"{r['stage_search_s']:10.1f} {ms(r['intra_op_ms'])} "
                       f"{ms(r['pipeline_ms'])} {str(r['pipeline_stages'] or '-'):>8}  "
                       f"{r['chosen']}", flush=True)

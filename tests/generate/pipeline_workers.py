@@ -64,11 +64,15 @@ def train_pipelined(rank: int, world: int, cases: list[dict]) -> list[dict]:
             loss = module(*args, **kwargs)
             loss.backward()
             if grads is None:
-                grads = module.module.full_state_dict(gradients=True)
+                grads = {}  # every chunk this rank runs (interleaved: several)
+                for chunk in module.chunks:
+                    grads.update(chunk.full_state_dict(gradients=True))
             opt.step()
             opt.zero_grad(set_to_none=True)
             losses.append(loss.item())
-        params = module.module.full_state_dict()
+        params = {}
+        for chunk in module.chunks:
+            params.update(chunk.full_state_dict())
         serial_losses, serial_grads, serial_params = serial
         params = {k: v for k, v in params.items() if k in serial_params}
         rel_loss = max(abs(a - b) / abs(b) for a, b in zip(losses, serial_losses))
@@ -76,11 +80,13 @@ def train_pipelined(rank: int, world: int, cases: list[dict]) -> list[dict]:
         rel_param, _, worst_param = max_diff(params, serial_params)
         results.append({
             "case": {k: v for k, v in case.items() if k != "plan"}, "rank": rank,
-            "stage": module.stage.index, "losses": losses, "serial_losses": serial_losses,
+            "stage": module.stage.index, "chunks": [b.index for b in module.built],
+            "losses": losses, "serial_losses": serial_losses,
             "rel_loss": rel_loss, "rel_grad": rel_grad, "worst_grad": worst_grad,
             "rel_param": rel_param, "worst_param": worst_param, "grads": sorted(grads),
-            "collectives": sorted(c for c in COLLECTIVE_NAMES if c in module.module.code),
-            "buckets": len(module.module.gradient_sync.buckets),
+            "collectives": sorted(c for c in COLLECTIVE_NAMES
+                                  if any(c in chunk.code for chunk in module.chunks)),
+            "buckets": sum(len(chunk.gradient_sync.buckets) for chunk in module.chunks),
             "seconds": time.perf_counter() - start})
         dist.barrier()
     return results

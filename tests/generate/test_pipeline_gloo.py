@@ -30,25 +30,47 @@ pytestmark = pytest.mark.multiprocess
 #: rounding (the per-microbatch means summed against the batch's mean).
 TOL = {"loss": 1e-12, "gpt2_loss": 1e-6, "grad": 1e-10, "param": 1e-10}
 
-#: Where the stages begin (modules), per model and number of stages.
+#: Where the stages begin (modules), per model and number of stages (chunks).
+#: Interleaved GPT-2 ("interleaved", 4 chunks on 2 submeshes): the embedding and
+#: the first layer, the second layer, the final norm and LM head, the loss (the
+#: node after the LM head's): the tied embedding is in chunks 0 and 2, both on
+#: submesh 0, summed inside the rank.
 STARTS = {
     ("mlp", 2): ["fc3"], ("mlp", 4): ["fc2", "fc3", "head"],
     ("gpt2", 2): ["transformer.h.1"],
     ("gpt2", 4): ["transformer.h.0", "transformer.h.1", "transformer.ln_f"],
+    ("gpt2", "interleaved"): ["transformer.h.1", "transformer.ln_f", "after:lm_head"],
 }
 
 
+def _start(pp, traced, module: str, planned) -> str:
+    """The first node of ``module``, or with ``after:``, the first node after it
+    that follows a node of the plan (``planned``: its node names)."""
+    if not module.startswith("after:"):
+        return pp.first_node_in(traced, module)
+    nodes = pp.computed_nodes(traced)
+    last = max(i for i, n in enumerate(nodes) if traced.nodes[n].module_path == module[6:])
+    return next(nodes[i] for i in range(last + 1, len(nodes))
+                if nodes[i] in planned and nodes[i - 1] in planned)
+
+
 @functools.cache
-def _plan(model_name: str, world: int, stages: int, schedule: str, kind: str = "solver"
-          ) -> dict:
+def _plan(model_name: str, world: int, stages: int, schedule: str, kind: str = "solver",
+          virtual: int = 1) -> dict:
+    """``stages`` submeshes of ``virtual`` chunks each; interleaved runs twice as
+    many microbatches as stages (torch's interleaved order then alternates)."""
     import pipeline_plans as pp
 
-    model, _, _, micro = pp.build_case(model_name, stages)
-    traced = trace(model, micro, loss_fn=default_loss)
-    intra = _intra_op(model_name, world // stages, stages, kind)
-    starts = [pp.first_node_in(traced, m) for m in STARTS[(model_name, stages)]]
-    return pp.pipelined(intra, traced, starts, world=world, microbatches=stages,
-                        schedule=schedule).to_dict()
+    micro = stages if virtual == 1 else 2 * stages
+    model, _, _, example = pp.build_case(model_name, micro)
+    traced = trace(model, example, loss_fn=default_loss)
+    intra = _intra_op(model_name, world // stages, micro, kind)
+    key = (model_name, stages * virtual)
+    key = key if key in STARTS and not (virtual > 1 and model_name == "gpt2") \
+        else (model_name, "interleaved")
+    starts = [_start(pp, traced, m, intra.nodes) for m in STARTS[key]]
+    return pp.pipelined(intra, traced, starts, world=world, microbatches=micro,
+                        schedule=schedule, virtual=virtual).to_dict()
 
 
 @functools.cache
@@ -68,18 +90,24 @@ def _intra_op(model_name: str, ranks: int, microbatches: int, kind: str):
     return solve_plan(model, micro, DeviceMesh((ranks,)), loss_fn=default_loss, **speeds(1e6))
 
 
-LAYOUTS = {"2x2": 2, "4x1": 4}
+LAYOUTS = {"2x2": 2, "4x1": 4, "2x2x2-interleaved": 2}
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.timeout(400)
 def test_pipelined_training_equals_serial(layout):
     stages = LAYOUTS[layout]
-    cases = [{"model": m, "schedule": s, "bucket": b, "plan": _plan(m, 4, stages, s, k)}
-             for m, s, b, k in [("mlp", "gpipe", 64, "dp"), ("mlp", "1f1b", None, "solver"),
-                                ("gpt2", "gpipe", None, "solver"),
-                                ("gpt2", "1f1b", 4096, "solver")]]
-    cases[3]["recompute"] = [stages - 1] if stages == 2 else [1, 2]
+    if layout.endswith("interleaved"):  # 2 submeshes of 2 ranks, 2 chunks each
+        cases = [{"model": m, "schedule": "interleaved", "bucket": b,
+                  "plan": _plan(m, 4, stages, "interleaved", k, virtual=2)}
+                 for m, b, k in [("mlp", 64, "dp"), ("gpt2", 4096, "solver")]]
+        cases[1]["recompute"] = [1]
+    else:
+        cases = [{"model": m, "schedule": s, "bucket": b, "plan": _plan(m, 4, stages, s, k)}
+                 for m, s, b, k in [("mlp", "gpipe", 64, "dp"), ("mlp", "1f1b", None, "solver"),
+                                    ("gpt2", "gpipe", None, "solver"),
+                                    ("gpt2", "1f1b", 4096, "solver")]]
+        cases[3]["recompute"] = [stages - 1] if stages == 2 else [1, 2]
     results = run_on_gloo(train_pipelined, 4, cases, timeout_s=360)
     failures = []
     for i, case in enumerate(cases):
@@ -103,7 +131,12 @@ def test_pipelined_training_equals_serial(layout):
         # Every rank compared a stage's gradients; together they cover the model.
         if not all(r["grads"] for r in rows):
             failures.append(f"{label}: a rank has no gradients")
-        if case["model"] == "gpt2":
+        if case["model"] == "gpt2" and case["schedule"] == "interleaved":
+            # Chunks 0 and 2 hold it, both on submesh 0 (ranks 0 and 1).
+            holders = [r["chunks"] for r in rows if "transformer.wte.weight" in r["grads"]]
+            if holders != [[0, 2], [0, 2]]:
+                failures.append(f"{label}: the tied embedding is held by chunks {holders}")
+        elif case["model"] == "gpt2":
             holders = [r["stage"] for r in rows if "transformer.wte.weight" in r["grads"]]
             if sorted(set(holders)) != [0, stages - 1]:
                 failures.append(f"{label}: the tied embedding is held by stages {holders}")

@@ -47,25 +47,28 @@ def first_node_in(traced, module_prefix: str) -> str:
 
 
 def pipelined(plan: Plan, traced, starts: list[str], *, world: int, microbatches: int,
-              schedule: str) -> Plan:
+              schedule: str, virtual: int = 1) -> Plan:
     """``plan`` (made on a submesh of ``world // len(stages)`` ranks for one
     microbatch of ``traced``) cut into stages that begin at the computed nodes
-    ``starts`` (stage 0's first node is the graph's first), on a 1-D world."""
+    ``starts`` (stage 0's first node is the graph's first), on a 1-D world;
+    ``virtual`` chunks per rank (interleaved: chunk j on submesh j mod n)."""
     nodes = computed_nodes(traced)
     firsts = [nodes[0], *starts]
     positions = [nodes.index(f) for f in firsts] + [len(nodes)]
-    n = len(firsts)
+    chunks = len(firsts)
+    n = chunks // virtual
     per = world // n
     stages = tuple(
         StageRecord(index=k, first_node=nodes[positions[k]], last_node=nodes[positions[k + 1] - 1],
-                    ranks=tuple(range(k * per, (k + 1) * per)), predicted_forward_s=0.0,
+                    ranks=tuple(range(k % n * per, (k % n + 1) * per)), predicted_forward_s=0.0,
                     predicted_backward_s=0.0, predicted_peak_memory_bytes=0.0)
-        for k in range(n))
+        for k in range(chunks))
     mesh = DeviceMesh((world,), alpha_s=plan.mesh.alpha_s[0],
                       bandwidth_bytes_per_s=plan.mesh.bandwidth_bytes_per_s[0])
     record = PipelineRecord(mesh=mesh.to_dict(), submesh_shape=tuple(plan.mesh.shape),
                             microbatches=microbatches, schedule=schedule, stages=stages,
-                            predicted_step_s=0.0, send_s=(0.0,) * (n - 1))
+                            predicted_step_s=0.0, send_s=(0.0,) * (chunks - 1),
+                            virtual_stages=virtual)
     out = Plan.from_dict(plan.to_dict())
     out.pipeline = record
     return out

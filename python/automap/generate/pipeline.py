@@ -28,14 +28,21 @@ import torch.distributed as dist
 import torch.utils._pytree as pytree
 import torch.utils.checkpoint
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
 
 from automap.errors import InputMismatchError, InvalidPipelineError, PipelineError
 from automap.generate.module import InputCheck, ParallelModule
-from automap.generate.pipeline_stage import BuiltStage, build_stage
+from automap.generate.pipeline_order import interleaved_rounds
+from automap.generate.pipeline_stage import BuiltStage, build_stages
 from automap.sharding.collectives import DEFAULT_BUCKET_BYTES
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
+             "interleaved": ScheduleInterleaved1F1B}
 
 
 def generate_pipeline(traced, plan, model: nn.Module, *, device=None, seed: int = 0,
@@ -49,15 +56,25 @@ def generate_pipeline(traced, plan, model: nn.Module, *, device=None, seed: int 
                                    "generate for an intra-op plan")
     if record.schedule not in SCHEDULES:
         raise InvalidPipelineError(
-            f"schedule {record.schedule!r} cannot run here: this runtime runs one stage per "
-            f"rank with {sorted(SCHEDULES)}")
-    if record.schedule == "1f1b" and record.microbatches < len(record.stages):
+            f"schedule {record.schedule!r} cannot run here: this runtime runs "
+            f"{sorted(SCHEDULES)}")
+    virtual = int(getattr(record, "virtual_stages", 1))
+    n = len(record.stages) // virtual
+    if record.schedule == "1f1b" and record.microbatches < n:
         raise InvalidPipelineError(
             f"1F1B needs at least as many microbatches as stages: {record.microbatches} "
-            f"microbatches for {len(record.stages)} stages (torch's Schedule1F1B refuses it)")
+            f"microbatches for {n} stages (torch's Schedule1F1B refuses it)")
+    if (virtual > 1) != (record.schedule == "interleaved") or len(record.stages) % virtual:
+        raise InvalidPipelineError(
+            f"{len(record.stages)} chunks with {virtual} per rank under {record.schedule!r}: "
+            f"only the interleaved schedule runs several chunks per rank")
+    if record.schedule == "interleaved" and interleaved_rounds(record.microbatches, n) is None:
+        raise InvalidPipelineError(
+            f"interleaved 1F1B cannot run {record.microbatches} microbatches on {n} stages: "
+            f"torch splits them into max(1, M // n) rounds, which must divide M")
     device = torch.device(device or "cpu")
-    built = build_stage(traced, plan, model, device=device, seed=seed,
-                        grad_bucket_bytes=grad_bucket_bytes)
+    built = build_stages(traced, plan, model, device=device, seed=seed,
+                         grad_bucket_bytes=grad_bucket_bytes)
     return PipelineModule(built, traced, plan, device)
 
 
@@ -103,27 +120,37 @@ class _FinishedLoss(torch.autograd.Function):
 
 class PipelineModule(nn.Module):
     """One rank's part of a pipelined training step (see the module docstring).
-    ``module``: this rank's stage (a ``ParallelModule``); ``stage``: which stage
-    and position; ``plan``: the plan."""
+    ``module``: this rank's (first) stage (a ``ParallelModule``), ``chunks``
+    every chunk it runs (interleaved: several); ``stage``: which stage and
+    position; ``plan``: the plan."""
 
-    def __init__(self, built: BuiltStage, traced, plan, device: torch.device) -> None:
+    def __init__(self, built: list[BuiltStage], traced, plan, device: torch.device) -> None:
         super().__init__()
-        self.module = built.module
+        self.module = built[0].module
+        self.chunks = nn.ModuleList([b.module for b in built])
         self.plan = plan
-        self.stage = built
+        self.stage = built[0]
+        self.built = built
         self.microbatches = int(plan.pipeline.microbatches)
-        last = built.index == built.count - 1
-        recompute = bool(getattr(plan.pipeline.stages[built.index], "recompute", False))
-        self._pipe = PipelineStage(_SendContiguous(built.module, last, recompute), built.index,
-                                   built.count, device, input_args=built.input_metas,
-                                   output_args=built.output_metas, group=built.p2p_group)
-        self._pipe.stage_index_to_group_rank = dict(built.stage_to_group_rank)
+        pipes = []
+        for b in built:
+            last = b.index == b.count - 1
+            recompute = bool(getattr(plan.pipeline.stages[b.index], "recompute", False))
+            pipe = PipelineStage(_SendContiguous(b.module, last, recompute), b.index, b.count,
+                                 device, input_args=b.input_metas, output_args=b.output_metas,
+                                 group=b.p2p_group)
+            pipe.stage_index_to_group_rank = dict(b.stage_to_group_rank)
+            pipes.append(pipe)
+        self._pipe = pipes[0]
         m = self.microbatches
-        self._schedule = SCHEDULES[plan.pipeline.schedule](
-            self._pipe, m, loss_fn=lambda output, target: output.sum() / m, scale_grads=False)
+        schedule = SCHEDULES[plan.pipeline.schedule]
+        # Interleaved: torch places chunk j on group rank j mod n, as the plan does.
+        self._schedule = schedule(
+            pipes if schedule is ScheduleInterleaved1F1B else pipes[0], m,
+            loss_fn=lambda output, target: output.sum() / m, scale_grads=False)
         self._anchor = torch.zeros((), requires_grad=True)
         self._check = _batch_check(traced, m)
-        self._loss_dtype = built.loss_dtype
+        self._loss_dtype = built[0].loss_dtype
         self._device = device
         self._random_state: tuple | None = None
 
@@ -134,7 +161,7 @@ class PipelineModule(nn.Module):
         leaves = pytree.tree_leaves((tuple(args), ordered))
         chunks = [torch.chunk(v, m, dim=0) if isinstance(v, torch.Tensor) else [v] * m
                   for v in leaves]
-        first = self.stage.index == 0
+        first = self.stage.index == 0  # this rank holds the first chunk
         arg_mbs = [tuple(c[i] for c in chunks) for i in range(m)] if first else None
         if any(not isinstance(v, torch.Tensor) for v in leaves):
             raise InputMismatchError("a pipelined module takes tensor inputs only")
@@ -143,7 +170,9 @@ class PipelineModule(nn.Module):
         with self._stage_random():
             if torch.is_grad_enabled():
                 # Data-parallel gradients are summed once, after the last microbatch.
-                with self.module.gradient_sync.deferred():
+                with contextlib.ExitStack() as deferred:
+                    for chunk in self.chunks:
+                        deferred.enter_context(chunk.gradient_sync.deferred())
                     self._schedule.step(arg_mbs=arg_mbs, target_mbs=targets, losses=losses,
                                         return_outputs=False)
             else:
@@ -180,21 +209,28 @@ class PipelineModule(nn.Module):
                                   torch.cuda.get_rng_state(self._device) if devices else None)
 
     def _sum_shared_gradients(self) -> None:
-        """Weights several stages hold (tied) get the sum of their gradients."""
-        for names, group in self.stage.shared:
-            params = [self.module.get_parameter(n) for n in names]
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=group)
-            offset = 0
-            for p in params:
-                n = p.numel()
-                summed = flat[offset:offset + n].view_as(p)
-                if p.grad is None:
-                    p.grad = summed.clone()
-                else:
-                    p.grad.copy_(summed)
-                offset += n
+        """Weights several chunks hold (tied) get the sum of their gradients, once:
+        the copies in this rank's chunks are added here, the ranks' sums
+        all-reduced over the other holders, and every copy takes the total."""
+        for names, local, group in self.stage.shared:
+            copies = [[self.chunks[i].get_parameter(n) for n in names] for i in local]
+            flat = None
+            for params in copies:
+                part = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p))
+                                  .reshape(-1) for p in params])
+                flat = part if flat is None else flat + part
+            if group is not None:
+                dist.all_reduce(flat, group=group)
+            for params in copies:
+                offset = 0
+                for p in params:
+                    n = p.numel()
+                    summed = flat[offset:offset + n].view_as(p)
+                    if p.grad is None:
+                        p.grad = summed.clone()
+                    else:
+                        p.grad.copy_(summed)
+                    offset += n
 
 
 def _batch_check(traced, microbatches: int) -> InputCheck:

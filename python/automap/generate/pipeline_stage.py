@@ -63,20 +63,25 @@ def stage_meshes(plan) -> list[DeviceMesh]:
 
 @dataclass
 class BuiltStage:
+    """One chunk this rank runs (its stage, unless interleaved: ``v`` chunks)."""
+
     index: int
     count: int
     position: int
     module: ParallelModule
     groups: MeshProcessGroups
     #: The point-to-point group of the ranks at this position in every stage,
-    #: and this rank's stage -> member's rank in it.
+    #: and each stage (chunk) -> its member's rank in it.
     p2p_group: object
     stage_to_group_rank: dict[int, int]
     #: Example tensors (meta) of what the stage receives and returns, per microbatch.
     input_metas: tuple[torch.Tensor, ...]
     output_metas: tuple[torch.Tensor, ...]
-    #: Tied weights this stage holds with other stages: (shard names, group).
-    shared: list[tuple[list[str], object]] = field(default_factory=list)
+    #: Tied weights this rank holds in several chunks or with other ranks:
+    #: (shard names, the positions in this rank's chunk list that hold them,
+    #: the group of the other holders' ranks or None when only this rank's
+    #: chunks hold them). The same list on every chunk of the rank.
+    shared: list[tuple[list[str], list[int], object]] = field(default_factory=list)
     #: Every rank of the pipeline, for the loss's broadcast.
     pipeline_group: object = None
     loss_source_rank: int = 0
@@ -85,65 +90,91 @@ class BuiltStage:
 
 def build_stage(traced, plan, model: nn.Module, *, device: torch.device, seed: int = 0,
                 grad_bucket_bytes: int | None = DEFAULT_BUCKET_BYTES) -> BuiltStage:
-    """This rank's stage of ``plan`` (with ``plan.pipeline`` set) over ``traced``,
-    the model traced for one microbatch. Collective over the world."""
+    """This rank's (first) stage of ``plan``; see ``build_stages``."""
+    return build_stages(traced, plan, model, device=device, seed=seed,
+                        grad_bucket_bytes=grad_bucket_bytes)[0]
+
+
+def build_stages(traced, plan, model: nn.Module, *, device: torch.device, seed: int = 0,
+                 grad_bucket_bytes: int | None = DEFAULT_BUCKET_BYTES) -> list[BuiltStage]:
+    """This rank's chunks of ``plan`` (with ``plan.pipeline`` set; one unless the
+    schedule is interleaved) over ``traced``, the model traced for one
+    microbatch, in chunk order. Collective over the world.
+
+    The program is generated once (every chunk of a rank runs on the same
+    submesh) and cut into every chunk; each of this rank's chunks is its own
+    ``ParallelModule`` with its own state shards, so a weight read by two of
+    its chunks (interleaved) is held twice, from the same full tensor."""
     record = plan.pipeline
     rank = dist.get_rank()
     stages = record.stages
     meshes = stage_meshes(plan)
-    index = next((k for k, s in enumerate(stages) if rank in s.ranks), None)
-    if index is None:
+    mine = [k for k, s in enumerate(stages) if rank in s.ranks]
+    if not mine:
         raise PipelineError(f"rank {rank} is in no stage of the pipeline "
                             f"({[list(s.ranks) for s in stages]})")
-    position = list(stages[index].ranks).index(rank)
+    position = list(stages[mine[0]].ranks).index(rank)
 
-    all_groups = [MeshProcessGroups(m) for m in meshes]  # every rank, every stage
-    groups = all_groups[index]
+    # One set of submesh groups per submesh (an interleaved rank's chunks share
+    # theirs), created on every rank in chunk order.
+    by_ranks: dict[tuple[int, ...], MeshProcessGroups] = {}
+    for m in meshes:
+        if tuple(m.ranks) not in by_ranks:
+            by_ranks[tuple(m.ranks)] = MeshProcessGroups(m)
+    groups = by_ranks[tuple(stages[mine[0]].ranks)]
     p2p_group, stage_to_group_rank = None, {}
     for p in range(meshes[0].size):
         members = [s.ranks[p] for s in stages]
-        group = dist.new_group(ranks=sorted(members))
+        ordered = sorted(set(members))
+        group = dist.new_group(ranks=ordered)
         if p == position:
-            ordered = sorted(members)
             p2p_group = group
             stage_to_group_rank = {k: ordered.index(r) for k, r in enumerate(members)}
-    everyone = sorted(r for s in stages for r in s.ranks)
+    everyone = sorted({r for s in stages for r in s.ranks})
     pipeline_group = dist.new_group(ranks=everyone)
 
-    stage_plan = StagePlan(plan, meshes[index])
+    stage_plan = StagePlan(plan, meshes[mine[0]])
     out = generate_graph(traced, stage_plan, groups, rank, device)
     stage_cut = cut(out, traced, stages)
     values = fake_values(out, traced, stage_plan, rank, device)
-    part = stage_graph(out, stage_cut, index)
+    loss = next(n for n in out.graph.nodes if n.op == "output").args[0][0]
 
     def shard_values(shards: dict[str, StateShard]) -> dict[str, torch.Tensor]:
         fulls = full_tensors(model, traced, list(shards), seed)
         return {name: cut_shard(fulls.pop(name), shard.spec, stage_plan.mesh, rank).to(device)
                 for name, shard in shards.items()}
 
-    module = assemble_graph(part, traced, stage_plan, groups, grad_bucket_bytes, shard_values)
-    module.train(model.training)
+    built = []
+    for index in mine:
+        part = stage_graph(out, stage_cut, index)
+        module = assemble_graph(part, traced, stage_plan, groups, grad_bucket_bytes,
+                                shard_values)
+        module.train(model.training)
+        received = [n for n in out.graph.nodes if n.op == "placeholder"] if index == 0 \
+            else stage_cut.boundaries[index]
+        sent = stage_cut.boundaries[index + 1] if index + 1 < len(stages) else [loss]
+        built.append(BuiltStage(
+            index, len(stages), position, module, groups, p2p_group, stage_to_group_rank,
+            tuple(_meta(values[v], v.name) for v in received),
+            tuple(_meta(values[v], v.name).reshape(-1) if v is loss
+                  else _meta(values[v], v.name) for v in sent),
+            pipeline_group=pipeline_group, loss_source_rank=stages[-1].ranks[0],
+            loss_dtype=values[loss].dtype))
 
-    received = [n for n in out.graph.nodes if n.op == "placeholder"] if index == 0 \
-        else stage_cut.boundaries[index]
-    loss = next(n for n in out.graph.nodes if n.op == "output").args[0][0]
-    sent = stage_cut.boundaries[index + 1] if index + 1 < len(stages) else [loss]
-    built = BuiltStage(index, len(stages), position, module, groups, p2p_group,
-                       stage_to_group_rank,
-                       tuple(_meta(values[v], v.name) for v in received),
-                       tuple(_meta(values[v], v.name).reshape(-1) if v is loss
-                             else _meta(values[v], v.name) for v in sent),
-                       pipeline_group=pipeline_group,
-                       loss_source_rank=stages[-1].ranks[0], loss_dtype=values[loss].dtype)
-
-    # Tied weights read by several stages: one group per set of stages and position.
+    # Tied weights read by several chunks: per set of chunks and position, the
+    # group of the distinct ranks holding them (none when one rank holds all).
     shared = shared_parameters(stage_cut, out.shards)
+    held: list[tuple[list[str], list[int], object]] = []
     for readers in sorted(set(shared.values())):
         names = sorted(n for n, r in shared.items() if r == readers)
         for p in range(meshes[0].size):
-            group = dist.new_group(ranks=sorted(stages[k].ranks[p] for k in readers))
-            if p == position and index in readers:
-                built.shared.append((names, group))
+            ranks = sorted({stages[k].ranks[p] for k in readers})
+            group = dist.new_group(ranks=ranks) if len(ranks) > 1 else None
+            local = [i for i, k in enumerate(mine) if k in readers]
+            if p == position and local:
+                held.append((names, local, group))
+    for b in built:
+        b.shared = held
     return built
 
 

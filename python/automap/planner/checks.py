@@ -12,6 +12,7 @@ import numbers
 import numpy as np
 
 from automap.errors import InvalidArgumentError, InvalidPipelineError
+from automap.generate.pipeline_order import interleaved_rounds
 from automap.planner.pipeline_mesh import stage_counts
 from automap.planner.pipeline_record import SCHEDULES
 from automap.trace.optimizer_names import OPTIMIZER_NAMES
@@ -102,9 +103,6 @@ def check_pipeline(pipeline, microbatches, schedule, batch: int | None, mesh) ->
     if not isinstance(schedule, str) or schedule not in SCHEDULES:
         raise InvalidPipelineError(f"schedule must be one of {list(SCHEDULES)}, got "
                                    f"{schedule!r}")
-    if schedule == "interleaved":
-        raise InvalidPipelineError("schedule 'interleaved' (virtual stages) is not supported "
-                                   "yet; use '1f1b' or 'gpipe'")
     if not _is_int(microbatches) or microbatches < 1:
         raise InvalidPipelineError(f"microbatches must be an integer >= 1, got "
                                    f"{microbatches!r}")
@@ -119,7 +117,7 @@ def check_pipeline(pipeline, microbatches, schedule, batch: int | None, mesh) ->
     if pipeline == "off":
         return [1]
     if pipeline == "auto":
-        return allowed
+        return [n for n in allowed if n == 1 or _schedule_runs(schedule, microbatches, n)]
     if not _is_int(pipeline) or pipeline < 1:
         raise InvalidPipelineError(f"pipeline must be 'off', 'auto' or a number of stages >= 1, "
                                    f"got {pipeline!r}")
@@ -130,7 +128,20 @@ def check_pipeline(pipeline, microbatches, schedule, batch: int | None, mesh) ->
         raise InvalidPipelineError(
             f"pipeline={pipeline} stages do not cut the mesh {mesh.shape} into equal submeshes "
             f"along its leading axes; stage counts that do: {allowed}")
+    if pipeline > 1 and not _schedule_runs(schedule, microbatches, pipeline):
+        rounds = max(1, microbatches // pipeline)
+        raise InvalidPipelineError(
+            f"schedule 'interleaved' cannot run {microbatches} microbatches on {pipeline} "
+            f"stages: torch's ScheduleInterleaved1F1B splits them into max(1, M // n) = "
+            f"{rounds} rounds, which must divide M; use a multiple of {pipeline} or fewer "
+            f"microbatches than stages")
     return [int(pipeline)]
+
+
+def _schedule_runs(schedule: str, microbatches: int, stages: int) -> bool:
+    """Whether torch's schedule takes ``microbatches`` over ``stages`` ranks
+    (interleaved 1F1B: its rounds must divide them)."""
+    return schedule != "interleaved" or interleaved_rounds(microbatches, stages) is not None
 
 
 def _is_int(value) -> bool:

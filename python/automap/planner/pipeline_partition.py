@@ -4,6 +4,10 @@ schedule's step
 
     sum(t_k) + (M - 1) * max(t_k) + max_k(sync_k + optimizer_k) + tied_s
 
+(interleaved 1F1B over ``n * v`` chunks: ``sum(t_j) / v + (M v - 1) max(t_j)``,
+``schedule_step_s``; chunk ``j`` on submesh ``j mod n``, the per-rank tail
+and peak summed over the rank's chunks)
+
 with ``t_k`` stage ``k``'s forward and backward of one microbatch plus its
 sends (the activations to ``k + 1``, the gradient back to ``k - 1``), each
 stage's peak memory under the budget. GPipe and 1F1B share the latency;
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from automap.generate.pipeline_order import in_flight_counts
 from automap.planner.pipeline_chain import Chain
 from automap.planner.pipeline_mesh import StageMeshes
 from automap.solve.memory import optimizer_temp_factor
@@ -48,11 +53,33 @@ class Partition:
     #: Per stage: it recomputes its forward in the backward (activation
     #: checkpointing of the whole stage: only its input is kept per microbatch).
     recompute: list[bool]
+    #: Chunks per rank (interleaved; 1 otherwise): ``bounds`` has ``n * virtual``.
+    virtual: int = 1
 
 
-def in_flight(schedule: str, microbatches: int, stages: int, k: int) -> int:
-    """Microbatches whose saved activations stage ``k`` holds at once."""
+def in_flight(schedule: str, microbatches: int, stages: int, k: int, virtual: int = 1) -> int:
+    """Microbatches whose saved activations stage (chunk) ``k`` holds at once
+    (interleaved: read from torch's order of the rank's operations)."""
+    if schedule == "interleaved":
+        return in_flight_counts(schedule, microbatches, stages, virtual)[k]
     return microbatches if schedule == "gpipe" else min(microbatches, stages - k)
+
+
+def schedule_step_s(sum_s: float, max_s: float, microbatches: int, virtual: int = 1) -> float:
+    """The schedule's step over ``microbatches`` from the sum ``sum_s`` and the
+    largest ``max_s`` of the chunk times ``t`` (forward + backward + sends of
+    one microbatch per chunk, ``virtual`` chunks per rank):
+    ``sum(t) / v + (M v - 1) max(t)``.
+
+    GPipe and 1F1B (``v = 1``): ``sum(t) + (M - 1) max(t)``, the first
+    microbatch through every stage and the other ``M - 1`` at the slowest
+    stage's pace. Interleaved 1F1B runs ``M v`` chunk operations per rank in
+    lockstep slots paced by the slowest chunk (as 1F1B's steady state is paced
+    by its slowest stage), and its fill and drain cost one pass over the
+    ``n`` chunks of one round, ``sum(t) / v``: with equal chunks ``c``,
+    ``(M v + n - 1) c``, Megatron's bubble of ``(n - 1) c``, ``v`` times
+    smaller than 1F1B's ``(n - 1) v c`` for the same per-rank work."""
+    return sum_s / virtual + (microbatches * virtual - 1) * max_s
 
 
 class _Ranges:
@@ -99,29 +126,37 @@ class _Ranges:
 
 
 def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbatches: int,
-                    schedule: str, budget, optimizer, recompute: bool):
-    """Per stage index ``k``: the time matrix ``t[a, b]`` (inf where the range is
-    empty or over the budget, one for all stages or one per stage), the peak
-    memory matrix, and where the stage recomputes its forward to fit
-    (``recompute``: allowed)."""
+                    schedule: str, budget, optimizer, recompute: bool, virtual: int = 1):
+    """Per chunk index ``j`` (the stage, unless interleaved: chunk ``j`` on
+    submesh ``j mod n``): the time matrix ``t[a, b]`` (inf where the range is
+    empty or over the budget: one for all ranks or one per submesh, a chunk
+    getting ``1 / virtual`` of its rank's), the peak memory matrix, and where
+    the chunk recomputes its forward to fit (``recompute``: allowed)."""
     n, k_units = stages.count, ranges.K
+    chunks = n * virtual
     units = chain.units
     empty = np.tril(np.ones((k_units + 1, k_units + 1), dtype=bool))
     factor = optimizer_temp_factor(optimizer) if optimizer is not None else 0.0
-    send_fwd = np.array([[stages.send_s(k, k + 1, u.out_bytes) for u in units]
-                         for k in range(n - 1)]).reshape(n - 1, k_units)
-    send_bwd = np.array([[stages.send_s(k, k - 1, u.out_grad_bytes) for u in units]
-                         for k in range(1, n)]).reshape(n - 1, k_units)
+    # Chunk j sends to chunk j + 1 on submesh (j + 1) mod n (the last submesh
+    # wraps to the first), and its input's gradient back to (j - 1) mod n.
+    send_fwd = np.array([[stages.send_s(j % n, (j + 1) % n, u.out_bytes) for u in units]
+                         for j in range(chunks - 1)]).reshape(chunks - 1, k_units)
+    send_bwd = np.array([[stages.send_s(j % n, (j - 1) % n, u.out_grad_bytes) for u in units]
+                         for j in range(1, chunks)]).reshape(chunks - 1, k_units)
     times, peaks, recomputed = [], [], []
     per_stage = budget if isinstance(budget, (list, tuple)) else [budget] * n
-    for k in range(n):
-        budget = per_stage[k]
+    flights = (in_flight_counts(schedule, microbatches, n, virtual) if virtual > 1 else
+               [in_flight(schedule, microbatches, n, k) for k in range(n)])
+    for k in range(chunks):
+        budget = per_stage[k % n]
+        if budget is not None:
+            budget = budget / virtual
         t = ranges.compute[0] + ranges.compute[1]
-        if k < n - 1:  # the activations at the stage's end go to the next stage
+        if k < chunks - 1:  # the activations at the chunk's end go to the next chunk
             t = t + np.concatenate([[0.0], send_fwd[k]])[None, :]
         if k > 0:  # the gradient at its start goes back
             t = t + np.concatenate([[0.0], send_bwd[k - 1]])[:, None]
-        flight = in_flight(schedule, microbatches, n, k)
+        flight = flights[k]
         optimizer_step = ranges.state + factor * ranges.largest
         peak = np.maximum(ranges.state + flight * ranges.saved + ranges.transient,
                           optimizer_step)
@@ -163,25 +198,27 @@ def _least_sum(times: list[np.ndarray], cap: float):
 
 def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedule: str,
                    budget, optimizer="adamw",
-                   recompute: bool = True) -> Partition | None:
+                   recompute: bool = True, virtual: int = 1) -> Partition | None:
     """The fastest split of ``chain`` over ``stages`` (see the module docstring);
-    None when there are fewer units than stages or no split fits ``budget`` (bytes
+    None when there are fewer units than chunks or no split fits ``budget`` (bytes
     per device: one for every stage, a list of one per stage index, or None).
-    ``recompute``: a stage that does not fit may recompute its forward."""
+    ``recompute``: a stage that does not fit may recompute its forward.
+    ``virtual``: chunks per rank (interleaved; ``n * virtual`` chunks, chunk
+    ``j`` on submesh ``j mod n``, each within ``1 / virtual`` of the budget)."""
     ranges = _Ranges(chain)
     n = stages.count
-    if ranges.K < n:
+    if ranges.K < n * virtual:
         return None
     times, peaks, recomputed = _stage_matrices(chain, ranges, stages, microbatches, schedule,
-                                               budget, optimizer, recompute)
+                                               budget, optimizer, recompute, virtual)
     caps = np.unique(np.concatenate([t[np.isfinite(t)] for t in times]))
     if caps.size == 0:
         return None
     floor, free = _least_sum(times, np.inf)
     if free is None:
         return None
-    if microbatches == 1:  # no max term: the least sum is the optimum
-        return _describe(chain, ranges, stages, free, peaks, recomputed, microbatches)
+    if microbatches * virtual == 1:  # no max term: the least sum is the optimum
+        return _describe(chain, ranges, stages, free, peaks, recomputed, microbatches, virtual)
     # The least feasible cap, by bisection over the sorted stage times.
     lo, hi = 0, caps.size - 1
     while lo < hi:
@@ -192,49 +229,54 @@ def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedul
             lo = mid + 1
     best_s, best_bounds = np.inf, None
     for cap in caps[lo:lo + MAX_CAPS]:
-        if floor + (microbatches - 1) * cap >= best_s:
-            break
+        if schedule_step_s(floor, cap, microbatches, virtual) >= best_s:
+            break  # the least sum with any larger cap is no better
         total, bounds = _least_sum(times, cap)
         if bounds is None:
             continue
         worst = max(times[k][a, b] for k, (a, b) in enumerate(bounds))
-        latency = total + (microbatches - 1) * worst
+        latency = schedule_step_s(total, worst, microbatches, virtual)
         if latency < best_s:
             best_s, best_bounds = latency, bounds
     if best_bounds is None:
         return None
-    return _describe(chain, ranges, stages, best_bounds, peaks, recomputed, microbatches)
+    return _describe(chain, ranges, stages, best_bounds, peaks, recomputed, microbatches,
+                     virtual)
 
 
 def _describe(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds, peaks, recomputed,
-              microbatches: int) -> Partition:
+              microbatches: int, virtual: int = 1) -> Partition:
     units = chain.units
     n = stages.count
+    chunks = len(bounds)
     forward, backward = [], []
-    send = [stages.send_s(k, k + 1, units[b - 1].out_bytes) for k, (_, b) in
+    send = [stages.send_s(k % n, (k + 1) % n, units[b - 1].out_bytes) for k, (_, b) in
             enumerate(bounds[:-1])]
     recompute = [bool(recomputed[k][a, b]) for k, (a, b) in enumerate(bounds)]
     for k, (a, b) in enumerate(bounds):
-        back = stages.send_s(k, k - 1, units[a - 1].out_grad_bytes) if k > 0 else 0.0
+        back = stages.send_s(k % n, (k - 1) % n, units[a - 1].out_grad_bytes) if k > 0 else 0.0
         again = float(ranges.compute[0][a, b]) if recompute[k] else 0.0
-        forward.append(float(ranges.compute[0][a, b]) + (send[k] if k < n - 1 else 0.0))
+        forward.append(float(ranges.compute[0][a, b]) + (send[k] if k < chunks - 1 else 0.0))
         backward.append(float(ranges.compute[1][a, b]) + back + again)
     t = [f + b for f, b in zip(forward, backward)]
-    tail = max(float(ranges.tail[a, b]) for a, b in bounds)
+    # Per rank: its chunks' tails and peaks add up (each chunk is its own module).
+    tail = max(sum(float(ranges.tail[a, b]) for a, b in bounds[r::n]) for r in range(n))
+    rank_peak = [sum(float(peaks[j][a, b]) for j, (a, b) in enumerate(bounds) if j % n == r)
+                 for r in range(n)]
     tied = _tied_s(chain, ranges, stages, bounds)
-    step = sum(t) + (microbatches - 1) * max(t) + tail + tied
+    step = schedule_step_s(sum(t), max(t), microbatches, virtual) + tail + tied
     return Partition(list(bounds), forward, backward,
-                     [float(peaks[k][a, b]) for k, (a, b) in enumerate(bounds)],
-                     send, tail, tied, step, recompute)
+                     [rank_peak[j % n] for j in range(chunks)],
+                     send, tail, tied, step, recompute, virtual)
 
 
 def _tied_s(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds) -> float:
     """The all-reduce of each trainable weight held by several stages (a ring
     over its holders, on the slowest link between them)."""
-    stage_of = {}
+    stage_of = {}  # unit -> submesh (a weight in two chunks of one rank: summed locally)
     for k, (a, b) in enumerate(bounds):
         for i in range(a, b):
-            stage_of[i] = k
+            stage_of[i] = k % stages.count
     total = 0.0
     for key, where, _ in ranges.shared:
         grad = chain.grads.get(key, 0.0)

@@ -7,7 +7,14 @@ Every stage runs the same intra-op plan (the Plan's nodes and edges, made for
 one microbatch on the submesh shape), restricted to its nodes, so a tensor that
 crosses a stage boundary has the same spec on both sides: the rank at position
 ``p`` of stage ``k``'s submesh sends its local shard to the rank at position
-``p`` of stage ``k + 1`` (and the gradient back), with no conversion."""
+``p`` of stage ``k + 1`` (and the gradient back), with no conversion.
+
+Interleaved 1F1B (``schedule="interleaved"``, Megatron's virtual stages): the
+node ranges are ``n * v`` chunks (``stages``, one record per chunk, in graph
+order) on ``n`` submeshes, chunk ``j`` on submesh ``j mod n`` (its ``ranks``),
+so each rank holds ``v = virtual_stages`` chunks; the last chunk sends nothing
+and chunk ``n - 1`` sends to chunk ``n`` from the last submesh to the first.
+Every other schedule has ``virtual_stages == 1``: one chunk per submesh."""
 
 from __future__ import annotations
 
@@ -28,7 +35,9 @@ class StageRecord:
     #: Per microbatch, on one rank of the stage.
     predicted_forward_s: float
     predicted_backward_s: float
-    #: The stage's peak per rank with the schedule's in-flight microbatches.
+    #: The stage's peak per rank with the schedule's in-flight microbatches
+    #: (interleaved: the peak of the rank holding this chunk, all its chunks
+    #: together; every chunk of a rank carries the same figure).
     predicted_peak_memory_bytes: float
     #: In a depth-reduced plan (estimates only), the traced block that stands
     #: for several real ones repeats: which repeat the stage starts and ends
@@ -80,6 +89,10 @@ class PipelineRecord:
     #: tied across stages.
     tail_s: float = 0.0
     tied_s: float = 0.0
+    #: Chunks per rank (interleaved; 1 otherwise): ``stages`` holds
+    #: ``stage_count * virtual_stages`` chunks, chunk ``j`` on submesh
+    #: ``j mod stage_count``.
+    virtual_stages: int = 1
 
     def to_dict(self) -> dict:
         return {
@@ -93,6 +106,7 @@ class PipelineRecord:
             "intra_op_step_s": self.intra_op_step_s,
             "tail_s": self.tail_s,
             "tied_s": self.tied_s,
+            "virtual_stages": self.virtual_stages,
         }
 
     @classmethod
@@ -111,14 +125,24 @@ class PipelineRecord:
                              else float(data["intra_op_step_s"])),
             tail_s=float(data.get("tail_s", 0.0)),
             tied_s=float(data.get("tied_s", 0.0)),
+            virtual_stages=data.get("virtual_stages", 1),
         )
 
     @property
     def stage_count(self) -> int:
+        """The submeshes (pipeline ranks): the chunks over ``virtual_stages``."""
+        return len(self.stages) // max(1, int(self.virtual_stages))
+
+    @property
+    def chunk_count(self) -> int:
         return len(self.stages)
 
     def stage_of_rank(self, rank: int) -> StageRecord:
-        for stage in self.stages:
-            if rank in stage.ranks:
-                return stage
-        raise KeyError(rank)
+        """The first chunk ``rank`` holds (its only one unless interleaved)."""
+        return self.chunks_of_rank(rank)[0]
+
+    def chunks_of_rank(self, rank: int) -> list[StageRecord]:
+        found = [stage for stage in self.stages if rank in stage.ranks]
+        if not found:
+            raise KeyError(rank)
+        return found

@@ -64,6 +64,19 @@ VERIFY_ROUNDS = 4
 #: buffer beside its copy at the peak), the other stages within 0.1 %.
 STAGE_HEADROOM = 0.02
 
+#: The most chunks per rank the interleaved search tries (each more halves
+#: the fill and drain again but adds a send per chunk and microbatch).
+MAX_VIRTUAL = 4
+
+
+def virtual_counts(schedule: str, n: int, units: int) -> list[int]:
+    """Chunks per rank to try: 1 unless interleaved; interleaved, 2 ..
+    ``MAX_VIRTUAL`` as far as the chain's ``units`` give every chunk one."""
+    if schedule != "interleaved":
+        return [1]
+    return list(range(2, min(MAX_VIRTUAL, units // n) + 1))
+
+
 #: Shares of the first submesh plan's activations that leaner plans keep.
 LEANER_ACTIVATIONS = (0.5, 0.25)
 
@@ -92,11 +105,14 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
     t0 = time.perf_counter()
     units = unit_count(traced, blocks, stacks)
     tried = [n for n in counts if n > 1]
-    if explicit and tried and tried[0] > units:
+    least = 2 if schedule == "interleaved" else 1  # chunks per stage
+    if explicit and tried and tried[0] * least > units:
         raise InvalidPipelineError(
-            f"pipeline={tried[0]} stages but the model splits into at most {units} stages "
-            f"(its layers and the parts before and after them)")
-    tried = [n for n in tried if n <= units]
+            f"pipeline={tried[0]} stages but the model splits into at most {units} "
+            + ("stages" if least == 1 else f"chunks, and interleaved 1F1B needs at least "
+               f"{least} per stage ({least * tried[0]})")
+            + " (its layers and the parts before and after them)")
+    tried = [n for n in tried if n * least <= units]
     candidates: list[dict] = []
     found_by_n: list[tuple[float, int, Plan, Partition, tuple]] = []
     for n in tried:
@@ -116,8 +132,12 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
                 continue
             chain_n = build_chain(traced, profile, table, choice_of_plan(table, plan_n), blocks,
                                   stacks)
-            split = best_partition(chain_n, stages, microbatches, schedule,
-                                   memory_budget_bytes, optimizer)
+            split = None
+            for v in virtual_counts(schedule, n, units):
+                one = best_partition(chain_n, stages, microbatches, schedule,
+                                     memory_budget_bytes, optimizer, virtual=v)
+                if one is not None and (split is None or one.step_s < split.step_s):
+                    split = one
             if split is not None and (found is None or split.step_s < found.step_s):
                 found, sub_plan, chain = split, plan_n, chain_n
             if found is not None and not any(found.recompute):
@@ -127,6 +147,7 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
         seconds = time.perf_counter() - start
         candidates.append({"stages": n, "submesh_shape": list(stages.submesh_shape),
                            "step_s": None if found is None else found.step_s,
+                           "virtual_stages": None if found is None else found.virtual,
                            "search_s": seconds})
         log.info("%d stages of %s: %s (%.2f s)", n, stages.submesh_shape,
                  "no split fits" if found is None else f"step {found.step_s * 1e3:.3f} ms",
@@ -197,7 +218,8 @@ def _verified(sub_plan: Plan, partition: Partition, stages, chain, microbatches:
         log.info("simulated stage peaks %s MiB exceed the budget; partitioning again within "
                  "per-stage model budgets %s MiB", [round(p / 2**20, 1) for p in peaks],
                  [round(b / 2**20, 1) for b in budgets])
-        split = best_partition(chain, stages, microbatches, schedule, budgets, optimizer)
+        split = best_partition(chain, stages, microbatches, schedule, budgets, optimizer,
+                               virtual=partition.virtual)
         if split is None:
             break
         partition = split
@@ -209,10 +231,11 @@ def _with_simulated(plan: Plan, partition: Partition, steps) -> Plan:
     stage), the model's kept beside it."""
     record = plan.pipeline
     assert record is not None
+    n = len(steps)  # one simulated step per rank, for all its chunks (j mod n)
     stages = tuple(dataclasses.replace(
-        s, predicted_peak_memory_bytes=float(step.peak_bytes),
-        modelled_peak_memory_bytes=float(modelled))
-        for s, step, modelled in zip(record.stages, steps, partition.peak_bytes))
+        s, predicted_peak_memory_bytes=float(steps[j % n].peak_bytes),
+        modelled_peak_memory_bytes=float(partition.peak_bytes[j]))
+        for j, s in enumerate(record.stages))
     worst = max(range(len(steps)), key=lambda k: steps[k].peak_bytes)
     step = steps[worst]
     solver = {**plan.solver, "simulated": True,
@@ -236,7 +259,7 @@ def _pipelined(sub_plan: Plan, partition: Partition, stages, chain, microbatches
         first, last = units[a], units[b - 1]
         records.append(StageRecord(
             index=k, first_node=order[first.first], last_node=order[last.last],
-            ranks=stages.stage_ranks[k], predicted_forward_s=partition.forward_s[k],
+            ranks=stages.stage_ranks[k % stages.count], predicted_forward_s=partition.forward_s[k],
             predicted_backward_s=partition.backward_s[k],
             predicted_peak_memory_bytes=partition.peak_bytes[k],
             first_repeat=first.repeat, last_repeat=last.repeat,
@@ -245,7 +268,8 @@ def _pipelined(sub_plan: Plan, partition: Partition, stages, chain, microbatches
         mesh=stages.mesh.to_dict(), submesh_shape=stages.submesh_shape,
         microbatches=microbatches, schedule=schedule, stages=tuple(records),
         predicted_step_s=partition.step_s, send_s=tuple(partition.send_s),
-        intra_op_step_s=intra_s, tail_s=partition.tail_s, tied_s=partition.tied_s)
+        intra_op_step_s=intra_s, tail_s=partition.tail_s, tied_s=partition.tied_s,
+        virtual_stages=partition.virtual)
     peak = max(partition.peak_bytes)
     worst = partition.peak_bytes.index(peak)
     forward = sum(partition.forward_s)

@@ -261,7 +261,8 @@ class Plan:
         return (f"pipeline plan: {_count(pipe.stage_count, 'stage')} of submesh "
                 f"{tuple(pipe.submesh_shape)} over mesh {tuple(pipe.mesh['shape'])}, "
                 f"{pipe.microbatches} microbatch{'es' if pipe.microbatches != 1 else ''} "
-                f"({pipe.schedule}): predicted step {self.predicted_step_s * 1e3:.3f} ms "
+                f"({pipe.schedule}{_chunks(pipe)}): predicted step "
+                f"{self.predicted_step_s * 1e3:.3f} ms "
                 f"({intra}), peak memory {format_bytes(self.predicted_peak_memory_bytes)} "
                 f"per device ({budget})")
 
@@ -269,7 +270,10 @@ class Plan:
         """The stages: node range, ranks, per-microbatch times and peak memory."""
         lines = [f"pipeline stages ({pipe.schedule}, {pipe.microbatches} microbatches; every "
                  f"stage runs the nodes below on its submesh {tuple(pipe.submesh_shape)} with "
-                 f"the specs of this plan; times per microbatch on one rank, with the sends):"]
+                 f"the specs of this plan; times per microbatch on one rank, with the sends"
+                 + (f"; {pipe.virtual_stages} chunks per rank, chunk j on submesh j mod "
+                    f"{pipe.stage_count}, the peak per rank, all its chunks together"
+                    if pipe.virtual_stages > 1 else "") + "):"]
         rows = []
         for stage in pipe.stages:
             first = stage.first_node + (f"#{stage.first_repeat}" if stage.first_repeat else "")
@@ -282,7 +286,8 @@ class Plan:
                          f"{stage.predicted_backward_s * 1e3:.3f}",
                          format_bytes(stage.predicted_peak_memory_bytes),
                          "recomputes its forward" if stage.recompute else ""))
-        head = ("stage", "nodes", "ranks", "forward ms", "backward ms", "peak", "")
+        head = ("chunk" if pipe.virtual_stages > 1 else "stage", "nodes", "ranks", "forward ms",
+                "backward ms", "peak", "")
         widths = [max(len(head[c]), *(len(r[c]) for r in rows)) for c in range(7)]
         lines.append(("  " + "  ".join(f"{h:{w}}" for h, w in zip(head, widths))).rstrip())
         lines.extend(("  " + "  ".join(f"{c:{w}}" for c, w in zip(r, widths))).rstrip()
@@ -419,3 +424,8 @@ def graph_fingerprint(traced: TracedGraph) -> str:
         args = [a.name for a in node.all_input_nodes]
         h.update(repr((node.op, str(node.target), shapes, args)).encode())
     return h.hexdigest()[:32]
+
+
+def _chunks(pipe: PipelineRecord) -> str:
+    """``, v chunks per rank`` for an interleaved pipeline."""
+    return f", {pipe.virtual_stages} chunks per rank" if pipe.virtual_stages > 1 else ""

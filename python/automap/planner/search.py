@@ -166,9 +166,10 @@ def plan(
     ``"auto"`` (every stage count that cuts the mesh, 1 included, the fastest
     kept): the mesh's leading axes are cut into equal submeshes, one intra-op
     plan of one of ``microbatches`` microbatches is made on the submesh, and
-    the stage boundaries minimise the ``schedule``'s step (``"1f1b"`` or
-    ``"gpipe"``) within the budget per stage (``automap.planner.pipeline_search``);
-    the plan's ``pipeline`` records the stages.
+    the stage boundaries minimise the ``schedule``'s step (``"1f1b"``,
+    ``"gpipe"`` or ``"interleaved"``: ``n * v`` chunks, chunk ``j`` on stage
+    ``j mod n``, ``v`` chosen by the search) within the budget per stage
+    (``automap.planner.pipeline_search``); the plan's ``pipeline`` records the stages.
 
     ``verify``: run one training step of the generated program on fake tensors
     (``automap.generate.simulate``) and report its peak memory; within a budget,

@@ -46,7 +46,7 @@ PIPELINE_FIELDS = {"mesh": dict, "submesh_shape": list, "microbatches": "index",
                    "schedule": str, "stages": list, "predicted_step_s": "seconds",
                    "send_s": list, "intra_op_step_s": "seconds?"}
 #: Written since the stage search fills them (absent: zero).
-OPTIONAL_PIPELINE_FIELDS = {"tail_s": "seconds", "tied_s": "seconds"}
+OPTIONAL_PIPELINE_FIELDS = {"tail_s": "seconds", "tied_s": "seconds", "virtual_stages": "index"}
 OPTIONAL_PIPELINE_STAGE_FIELDS = {"first_repeat": "index", "last_repeat": "index",
                                   "recompute": bool, "modelled_peak_memory_bytes": "bytes?"}
 PIPELINE_STAGE_FIELDS = {"index": "index", "first_node": str, "last_node": str, "ranks": list,
@@ -346,12 +346,23 @@ def _check_pipeline(plan) -> None:
     if not pipe.stages:
         _fail("pipeline.stages", [], "a pipeline has at least one stage")
     size = math.prod(pipe.submesh_shape)
+    v = pipe.virtual_stages
+    if not _is_int(v) or v < 1 or len(pipe.stages) % v or \
+            (v > 1) != (pipe.schedule == "interleaved"):
+        _fail("pipeline.virtual_stages", v, f"it must be an integer >= 1 dividing the "
+              f"{len(pipe.stages)} stages, above 1 exactly for the interleaved schedule")
+    n = len(pipe.stages) // v
     seen: set[int] = set()
     for k, stage in enumerate(pipe.stages):
         where = f"pipeline.stages[{k}]"
         if stage.index != k:
             _fail(f"{where}.index", stage.index, f"stages are numbered in order ({k})")
         ranks = list(stage.ranks)
+        if k >= n:  # interleaved: chunk k runs on submesh k mod n
+            if ranks != list(pipe.stages[k % n].ranks):
+                _fail(f"{where}.ranks", ranks, f"chunk {k} runs on the ranks of chunk "
+                      f"{k % n} ({list(pipe.stages[k % n].ranks)})")
+            continue
         if len(ranks) != size or not all(_is_int(r) for r in ranks) or \
                 seen & set(ranks) or len(set(ranks)) != size or \
                 not set(ranks) <= set(whole.ranks):

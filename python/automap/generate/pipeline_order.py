@@ -1,0 +1,76 @@
+"""The order in which torch's pipeline schedules run one rank's forwards and
+backwards (issue 18): what the stage simulation replays and what the
+planner's in-flight microbatch counts are read from.
+
+GPipe and 1F1B are written out here; interleaved 1F1B is torch's own
+computation (``ScheduleInterleaved1F1B._calculate_single_rank_operations``:
+its warm-up count and its one-forward-one-backward rank operations, private
+helpers of ``torch.distributed.pipelining.schedules``), so the simulated order
+is the one the runtime executes rather than a re-derivation of it."""
+
+from __future__ import annotations
+
+from torch.distributed.pipelining import schedules as _torch_schedules
+
+
+def interleaved_rounds(microbatches: int, stages: int) -> int | None:
+    """The rounds torch's interleaved 1F1B splits ``microbatches`` into on
+    ``stages`` ranks (``max(1, M // n)``); None when they do not divide ``M``
+    (torch's ``ScheduleInterleaved1F1B`` refuses such a count)."""
+    rounds = max(1, microbatches // stages)
+    return rounds if microbatches % rounds == 0 else None
+
+
+def schedule_order(schedule: str, microbatches: int, stages: int, k: int,
+                   virtual: int = 1) -> list[tuple[str, int, int]]:
+    """Rank ``k``'s operations in one step (``stages`` ranks, ``virtual`` chunks
+    each): ("F", i, chunk) and ("B", i, chunk) per microbatch ``i``, as torch's
+    ``ScheduleGPipe`` / ``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` run them
+    (chunk ``j`` on rank ``j mod stages``; one chunk, ``k``, unless interleaved)."""
+    m = microbatches
+    if schedule == "gpipe":
+        return [("F", i, k) for i in range(m)] + [("B", i, k) for i in range(m)]
+    if schedule == "1f1b":
+        warm = min(m, stages - k)
+        order = [("F", i, k) for i in range(warm)]
+        f = warm
+        for b in range(m):
+            order.append(("B", b, k))
+            if f < m:
+                order.append(("F", f, k))
+                f += 1
+        return order
+    if schedule != "interleaved":
+        raise ValueError(f"unknown schedule {schedule!r}")
+    rounds = interleaved_rounds(m, stages)
+    if rounds is None:
+        raise ValueError(f"interleaved 1F1B cannot run {m} microbatches on {stages} ranks")
+    per_round = m // rounds
+    warmup = _torch_schedules._get_warmup_ops(k, virtual, per_round, stages, m,
+                                              multiply_factor=2)
+    total = virtual * m
+
+    def forward_chunk(step: int) -> int:
+        return (step // per_round) % virtual * stages + k
+
+    def backward_chunk(step: int) -> int:
+        return (virtual - 1 - ((step - warmup) // per_round) % virtual) * stages + k
+
+    actions = _torch_schedules._get_1f1b_rank_ops(
+        virtual, stages, warmup, total - warmup, warmup, k, forward_chunk, backward_chunk)
+    return [("F" if a.computation_type == _torch_schedules._ComputationType.FORWARD else "B",
+             int(a.microbatch_index), int(a.stage_index)) for a in actions if a is not None]
+
+
+def in_flight_counts(schedule: str, microbatches: int, stages: int, virtual: int = 1
+                     ) -> list[int]:
+    """Per chunk (``stages * virtual``, chunk ``j`` on rank ``j mod stages``): the
+    most microbatches whose forward it has run and whose backward it has not,
+    over the step (the saved activations it holds at once)."""
+    counts = [0] * (stages * virtual)
+    for k in range(stages):
+        live = [0] * (stages * virtual)
+        for kind, _, chunk in schedule_order(schedule, microbatches, stages, k, virtual):
+            live[chunk] += 1 if kind == "F" else -1
+            counts[chunk] = max(counts[chunk], live[chunk])
+    return counts

@@ -1,0 +1,217 @@
+"""Interleaved 1F1B (issue 18, virtual stages), the planner side: torch's
+order of a rank's chunk operations and the in-flight microbatches read from
+it, the partition DP over ``n * v`` round-robin chunks against brute force,
+the schedule's smaller bubble, typed errors for what torch's schedule cannot
+run, and a searched plan whose per-rank peaks are the simulated ones. Meta
+tensors, no process group."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import automap
+from automap import DeviceMesh, InvalidPlanError
+from automap.errors import InvalidPipelineError
+from automap.generate.pipeline_order import in_flight_counts, schedule_order
+from automap.planner.pipeline_chain import Chain, Unit
+from automap.planner.pipeline_mesh import cut_mesh
+from automap.planner.pipeline_partition import best_partition, schedule_step_s
+from automap.planner.plan import Plan
+from automap.planner.validate import content_fingerprint
+
+SPEEDS = dict(flops_per_s=1e10, memory_bandwidth_bytes_per_s=1e11, op_overhead_s=1e-7)
+ALPHA_S, BANDWIDTH = 1e-3, 1e6
+
+
+class DeepMLP(nn.Module):
+    def __init__(self, width: int = 256, layers: int = 4) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    return out.pow(2).mean()
+
+
+def _chain(times, saved, state, out_bytes: float = 1e3) -> Chain:
+    units = [Unit(i, i, 0, forward_s=t / 3, backward_s=2 * t / 3, saved_bytes=s,
+                  state={(f"p{i}", 0): (b, 0.0)}, out_bytes=out_bytes,
+                  out_grad_bytes=out_bytes)
+             for i, (t, s, b) in enumerate(zip(times, saved, state))]
+    return Chain([f"n{i}" for i in range(len(units))], units, {})
+
+
+@pytest.mark.parametrize("m, n, v", [(4, 2, 2), (2, 2, 2), (8, 4, 2), (6, 2, 3), (3, 4, 2)])
+def test_interleaved_order_is_torchs(m, n, v):
+    """Every chunk of a rank runs each microbatch's forward then its backward,
+    and the order is the one torch's ScheduleInterleaved1F1B computes."""
+    from torch.distributed.pipelining import ScheduleInterleaved1F1B
+    from torch.distributed.pipelining.schedules import _ComputationType
+
+    class _Stage:  # what the schedule's order computation reads of its stages
+        group_size, group_rank = n, 0
+
+    schedule = ScheduleInterleaved1F1B.__new__(ScheduleInterleaved1F1B)
+    schedule.pp_group_size, schedule.n_local_stages = n, v
+    schedule._n_microbatches = m
+    schedule.number_of_rounds = max(1, m // n)
+    schedule.microbatches_per_round = m // schedule.number_of_rounds
+    for k in range(n):
+        ours = schedule_order("interleaved", m, n, k, v)
+        theirs = [("F" if a.computation_type == _ComputationType.FORWARD else "B",
+                   a.microbatch_index, a.stage_index)
+                  for a in schedule._calculate_single_rank_operations(k) if a is not None]
+        assert ours == theirs
+        chunks = {j for _, _, j in ours}
+        assert chunks == {k + n * i for i in range(v)}
+        for j in chunks:
+            seen = [(kind, i) for kind, i, c in ours if c == j]
+            assert sorted(seen) == sorted([("F", i) for i in range(m)]
+                                          + [("B", i) for i in range(m)])
+            assert all(seen.index(("F", i)) < seen.index(("B", i)) for i in range(m))
+
+
+def test_in_flight_counts():
+    assert in_flight_counts("1f1b", 4, 2) == [2, 1]
+    assert in_flight_counts("gpipe", 4, 2) == [4, 4]
+    # Interleaved: the rank's first chunk warms up longest.
+    assert in_flight_counts("interleaved", 4, 2, 2) == [4, 3, 2, 1]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_interleaved_partition_is_optimal_against_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    k, n, v = 8, 2, 2
+    m = int(rng.choice([2, 4]))
+    times, saved, state = rng.uniform(0.1, 1, k), rng.uniform(0, 10, k), rng.uniform(0, 10, k)
+    budget = float(rng.uniform(20, 60))
+    stages = cut_mesh(DeviceMesh((n,), alpha_s=ALPHA_S, bandwidth_bytes_per_s=BANDWIDTH), n)
+    found = best_partition(_chain(times, saved, state), stages, m, "interleaved", budget,
+                           recompute=False, virtual=v)
+    flight = in_flight_counts("interleaved", m, n, v)
+    chunks = n * v
+    best = np.inf
+    for cuts in itertools.combinations(range(1, k), chunks - 1):
+        bounds = list(zip((0, *cuts), (*cuts, k)))
+        t, fits = [], True
+        for j, (a, b) in enumerate(bounds):
+            send = (ALPHA_S + 1e3 / BANDWIDTH) * ((j < chunks - 1) + (j > 0))
+            t.append(times[a:b].sum() + send)
+            # Each chunk within its share of its rank's budget.
+            fits &= state[a:b].sum() + flight[j] * saved[a:b].sum() <= budget / v
+        if fits:
+            best = min(best, sum(t) / v + (m * v - 1) * max(t))
+    if not np.isfinite(best):
+        assert found is None
+        return
+    assert found is not None and found.virtual == v and len(found.bounds) == chunks
+    assert found.step_s == pytest.approx(best)
+
+
+def test_interleaving_shrinks_the_bubble():
+    """Equal chunks of time c, no sends: 1F1B's step is (M + n - 1) v c, the
+    interleaved one (M v + n - 1) c."""
+    n, m, v = 4, 8, 2
+    stages = cut_mesh(DeviceMesh((n,)), n)
+    chain = _chain(np.ones(n * v), np.zeros(n * v), np.zeros(n * v), out_bytes=0.0)
+    plain = best_partition(chain, stages, m, "1f1b", None)
+    inter = best_partition(chain, stages, m, "interleaved", None, virtual=v)
+    assert plain.step_s == pytest.approx((m + n - 1) * v)
+    assert inter.step_s == pytest.approx(m * v + n - 1)
+    assert inter.step_s < plain.step_s
+    assert schedule_step_s(3.0, 1.0, 5, 1) == pytest.approx(3 + 4)  # 1F1B's formula
+
+
+class _Untraceable(nn.Module):
+    def forward(self, x):
+        raise AssertionError("traced before the pipeline arguments were checked")
+
+
+def test_microbatches_torch_cannot_interleave_are_refused_before_tracing():
+    with torch.device("meta"):
+        x = torch.randn(10, 4)
+    # 5 microbatches on 2 stages: torch's 2 rounds do not divide them.
+    with pytest.raises(InvalidPipelineError, match="cannot run 5 microbatches on 2 stages"):
+        automap.plan(_Untraceable(), (x,), DeviceMesh((4,)), loss_fn=_loss, pipeline=2,
+                     microbatches=5, schedule="interleaved", **SPEEDS)
+
+
+def test_too_few_units_for_the_chunks_is_refused():
+    with torch.device("meta"):
+        model, x = nn.Linear(16, 16), torch.randn(8, 16)
+    # Three units (the linear and the loss's two ops): fewer than 2 stages x 2 chunks.
+    with pytest.raises(InvalidPipelineError, match="interleaved 1F1B needs at least 2"):
+        automap.plan(model, (x,), DeviceMesh((4,)), loss_fn=_loss, pipeline=2,
+                     microbatches=2, schedule="interleaved", **SPEEDS)
+
+
+@pytest.fixture(scope="module")
+def interleaved_plan():
+    with torch.device("meta"):
+        model, x = DeepMLP(), torch.randn(256, 256)
+    options = dict(loss_fn=_loss, pipeline=2, microbatches=4, **SPEEDS)
+    plan = automap.plan(model, (x,), DeviceMesh((4,)), schedule="interleaved", **options)
+    plain = automap.plan(model, (x,), DeviceMesh((4,)), schedule="1f1b", **options)
+    return model, (x,), plan, plain
+
+
+def test_interleaved_plan_round_robins_chunks(interleaved_plan):
+    _, _, plan, plain = interleaved_plan
+    pipe = plan.pipeline
+    assert pipe.schedule == "interleaved" and pipe.virtual_stages == 2
+    assert pipe.stage_count == 2 and pipe.chunk_count == 4
+    assert [s.ranks for s in pipe.stages] == [(0, 1), (2, 3), (0, 1), (2, 3)]
+    assert [s.index for s in pipe.chunks_of_rank(2)] == [1, 3]
+    assert len(pipe.send_s) == 3
+    assert plan.predicted_step_s < plain.predicted_step_s
+    again = Plan.from_dict(plan.to_dict())
+    assert again.pipeline == pipe
+    text = plan.explain()
+    assert "(interleaved, 2 chunks per rank)" in text and "chunk" in text
+
+
+def test_interleaved_rank_peaks_are_the_simulated_steps(interleaved_plan):
+    from automap.api import first_microbatch
+    from automap.generate.simulate_pipeline import simulate_stage
+    from automap.trace.tracing import trace
+
+    model, inputs, plan, _ = interleaved_plan
+    assert plan.solver["simulated"]
+    traced = trace(model, first_microbatch(inputs, 4), loss_fn=_loss)
+    pipe = plan.pipeline
+    for r in range(pipe.stage_count):
+        peak = simulate_stage(traced, plan, r).peak_bytes
+        assert {s.predicted_peak_memory_bytes for s in pipe.stages[r::pipe.stage_count]} \
+            == {peak}
+    assert plan.predicted_peak_memory_bytes == max(s.predicted_peak_memory_bytes
+                                                   for s in pipe.stages)
+
+
+def _forged(plan: Plan, edit) -> dict:
+    data = copy.deepcopy(plan.to_dict())
+    edit(data["pipeline"])
+    data["content_fingerprint"] = content_fingerprint(data)
+    return data
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda p: p.update(virtual_stages=3), "pipeline.virtual_stages"),
+    (lambda p: p.update(virtual_stages=1), "pipeline.virtual_stages"),
+    (lambda p: p.update(schedule="1f1b"), "pipeline.virtual_stages"),
+    (lambda p: p["stages"][2].update(ranks=[2, 3]), r"pipeline.stages\[2\].ranks"),
+])
+def test_a_bad_interleaved_record_is_refused(interleaved_plan, edit, field):
+    _, _, plan, _ = interleaved_plan
+    with pytest.raises(InvalidPlanError, match=field):
+        Plan.from_dict(_forged(plan, edit))
