@@ -181,7 +181,8 @@ def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedul
     if free is None:
         return None
     if microbatches == 1:  # no max term: the least sum is the optimum
-        return _describe(chain, ranges, stages, free, peaks, recomputed, microbatches)
+        return _describe(chain, ranges, stages, free, peaks, recomputed, microbatches,
+                         schedule)
     # The least feasible cap, by bisection over the sorted stage times.
     lo, hi = 0, caps.size - 1
     while lo < hi:
@@ -203,17 +204,37 @@ def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedul
             best_s, best_bounds = latency, bounds
     if best_bounds is None:
         return None
-    return _describe(chain, ranges, stages, best_bounds, peaks, recomputed, microbatches)
+    return _describe(chain, ranges, stages, best_bounds, peaks, recomputed, microbatches,
+                     schedule)
+
+
+def schedule_latency_s(stage_s: list[float], microbatches: int, schedule: str) -> float:
+    """The schedule's time from the first microbatch's forward to the last one's
+    backward, stage ``k`` taking ``stage_s[k]`` per microbatch (forward, backward
+    and its sends): the first microbatch crosses every stage, the other
+    ``M - 1`` follow at the pace of the slowest (GPipe and 1F1B alike)."""
+    return sum(stage_s) + (microbatches - 1) * max(stage_s)
 
 
 def _describe(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds, peaks, recomputed,
-              microbatches: int) -> Partition:
+              microbatches: int, schedule: str) -> Partition:
+    recompute = [bool(recomputed[k][a, b]) for k, (a, b) in enumerate(bounds)]
+    return price_bounds(chain, stages, bounds, recompute, microbatches, schedule, ranges,
+                        [float(peaks[k][a, b]) for k, (a, b) in enumerate(bounds)])
+
+
+def price_bounds(chain: Chain, stages: StageMeshes, bounds, recompute: list[bool],
+                 microbatches: int, schedule: str, ranges: _Ranges | None = None,
+                 peak_bytes: list[float] | None = None) -> Partition:
+    """The ``Partition`` of the stages ``bounds`` (per stage, units ``[a, b)``),
+    ``recompute`` saying which recompute their forward; ``peak_bytes`` is
+    reported as given (zeros when None)."""
+    ranges = ranges or _Ranges(chain)
     units = chain.units
     n = stages.count
     forward, backward = [], []
     send = [stages.send_s(k, k + 1, units[b - 1].out_bytes) for k, (_, b) in
             enumerate(bounds[:-1])]
-    recompute = [bool(recomputed[k][a, b]) for k, (a, b) in enumerate(bounds)]
     for k, (a, b) in enumerate(bounds):
         back = stages.send_s(k, k - 1, units[a - 1].out_grad_bytes) if k > 0 else 0.0
         again = float(ranges.compute[0][a, b]) if recompute[k] else 0.0
@@ -222,10 +243,9 @@ def _describe(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds, peaks,
     t = [f + b for f, b in zip(forward, backward)]
     tail = max(float(ranges.tail[a, b]) for a, b in bounds)
     tied = _tied_s(chain, ranges, stages, bounds)
-    step = sum(t) + (microbatches - 1) * max(t) + tail + tied
-    return Partition(list(bounds), forward, backward,
-                     [float(peaks[k][a, b]) for k, (a, b) in enumerate(bounds)],
-                     send, tail, tied, step, recompute)
+    step = schedule_latency_s(t, microbatches, schedule) + tail + tied
+    return Partition(list(bounds), forward, backward, peak_bytes or [0.0] * n, send, tail,
+                     tied, step, list(recompute))
 
 
 def _tied_s(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds) -> float:

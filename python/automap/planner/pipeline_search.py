@@ -33,7 +33,7 @@ from automap.errors import InfeasibleBudgetError, InvalidPipelineError
 from automap.generate.simulate import CATEGORIES
 from automap.planner.pipeline_chain import build_chain, cut_positions
 from automap.planner.pipeline_mesh import cut_mesh
-from automap.planner.pipeline_partition import Partition, best_partition
+from automap.planner.pipeline_partition import Partition, best_partition, price_bounds
 from automap.planner.pipeline_record import PipelineRecord, StageRecord
 from automap.planner.plan import Plan
 from automap.progress import stage as progress_stage
@@ -264,3 +264,29 @@ def _pipelined(sub_plan: Plan, partition: Partition, stages, chain, microbatches
         step_time={**sub_plan.step_time, "pipeline_forward_s": forward,
                    "pipeline_backward_s": backward},
         solver=solver, pipeline=record)
+
+
+def reprice_pipeline(traced, profile, plan: Plan, device, optimizer: str = "adamw",
+                     mesh=None) -> Partition:
+    """The ``Partition`` of ``plan``'s stages (``plan.pipeline`` set; ``traced`` and
+    ``profile``: its one microbatch) priced on ``device`` and ``mesh`` (the whole
+    pipeline mesh, default the record's; same shape): the same submesh plan and
+    stage bounds under other speeds, as ``search.reprice`` does for an intra-op
+    plan."""
+    from automap.sharding.mesh import DeviceMesh
+    from automap.solve.blocks import detect_blocks
+    from automap.solve.strategies import build_strategy_table
+
+    record = plan.pipeline
+    if record is None:
+        raise InvalidPipelineError("reprice_pipeline needs a plan with pipeline stages")
+    stages = cut_mesh(mesh or DeviceMesh.from_dict(record.mesh), len(record.stages))
+    table = build_strategy_table(traced, profile, stages.submesh, device=device,
+                                 optimizer=optimizer)
+    chain = build_chain(traced, profile, table, choice_of_plan(table, plan),
+                        detect_blocks(traced), ())
+    start = {chain.order[u.first]: i for i, u in enumerate(chain.units)}
+    firsts = [start[s.first_node] for s in record.stages]
+    bounds = list(zip(firsts, [*firsts[1:], len(chain.units)]))
+    return price_bounds(chain, stages, bounds, [s.recompute for s in record.stages],
+                        record.microbatches, record.schedule)
