@@ -20,8 +20,9 @@ The model is the trust bench's GPT-2-style LM (4 layers, width 256, batch 16 of
 128 tokens). Plans: intra-op on (4,), and 2 and 4 stages under 1F1B and GPipe
 with 4 microbatches, and some with 2 or 8. Printed: per plan the prediction
 with the profile the plan was made with and with the one measured during the
-steps, the measured median and the ratios; then the Spearman rank correlation
-over all rows (intra-op and pipelines pooled) and the median ratio.
+steps (and with the stages always at the all-ranks-busy speed: "busy", the
+model before ``shared_slowdown``), the measured median and the ratios; then
+the Spearman rank correlation over all rows (intra-op and pipelines pooled) and the median ratio.
 
     PYTHONPATH=python python benches/pipeline_trust.py [--rounds 5] [--warmup 2] [--quick]
 """
@@ -29,6 +30,7 @@ over all rows (intra-op and pipelines pooled) and the median ratio.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -51,9 +53,11 @@ LOAD_FLOPS = 5e8
 
 def _detect(rank: int, world: int) -> dict | None:
     from automap.cluster.detect import detect_cluster
+    from automap.cluster.device import measure_concurrently
 
     cluster = detect_cluster(iters=3, measure_groups=2, quiet=True)
-    return cluster.to_dict() if rank == 0 else None
+    shared = measure_concurrently("cpu").shared_slowdown  # the cluster file lacks it
+    return (cluster.to_dict(), shared) if rank == 0 else None
 
 
 def _plans(configs, mesh, device) -> list[dict]:
@@ -69,7 +73,8 @@ def _plans(configs, mesh, device) -> list[dict]:
         plan = automap.plan(model, inputs, mesh, loss_fn=loss_fn,
                             flops_per_s=device.flops_per_s,
                             memory_bandwidth_bytes_per_s=device.memory_bandwidth_bytes_per_s,
-                            op_overhead_s=device.op_overhead_s, **options)
+                            op_overhead_s=device.op_overhead_s,
+                            shared_slowdown=device.shared_slowdown, **options)
         record = plan.pipeline
         rows.append({
             "label": "intra-op (4,)" if record is None else
@@ -155,7 +160,8 @@ def spearman(a, b) -> float:
 def _describe(device, mesh) -> str:
     return (f"{device.flops_per_s / 1e9:.1f} GFLOP/s, "
             f"{device.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s, "
-            f"{device.op_overhead_s * 1e6:.2f} us per kernel; link "
+            f"{device.op_overhead_s * 1e6:.2f} us per kernel, alone "
+            f"{device.shared_slowdown:.2f}x faster; link "
             f"{mesh.alpha_s[0] * 1e6:.0f} us {mesh.bandwidth_bytes_per_s[0] / 1e9:.2f} GB/s")
 
 
@@ -177,8 +183,9 @@ def main(argv=None) -> int:
 
     start = time.perf_counter()
     print(f"load before: {os.getloadavg()}")
-    cluster = Cluster.from_dict(run_on_gloo(_detect, WORLD, timeout_s=600)[0])
-    device = DeviceProfile(**cluster.device_profile)
+    detected, shared = run_on_gloo(_detect, WORLD, timeout_s=600)[0]
+    cluster = Cluster.from_dict(detected)
+    device = DeviceProfile(**cluster.device_profile, shared_slowdown=shared)
     mesh = next(m for m in cluster.meshes() if m.shape == (WORLD,))
     print(f"detected (4 ranks at once): {_describe(device, mesh)}")
     torch.set_num_threads(1)
@@ -198,15 +205,21 @@ def main(argv=None) -> int:
     print(f"during the timed steps: {_describe(during, during_mesh)}")
     priced = _reprice(rows, during, during_mesh)
     predicted = [p if isinstance(p, float) else p.step_s for p in priced]
+    # The model before shared_slowdown: stages always at the all-ranks-busy speed.
+    busy = [p if isinstance(p, float) else p.step_s for p in _reprice(
+        rows, dataclasses.replace(during, shared_slowdown=1.0), during_mesh)]
     print(f"\n{'plan':28s} {'planned':>8s} {'predicted':>9s} {'measured':>8s} {'spread':>6s} "
-          f"{'pred/m':>6s} {'plan/m':>6s}  stages: per microbatch fwd+bwd ms; tail, tied ms")
-    for r, p, pr, m, row in zip(rows, predicted, priced, measured, per_step):
+          f"{'pred/m':>6s} {'busy/m':>6s} {'plan/m':>6s}  "
+          "stages: per microbatch fwd+bwd ms; tail, tied ms")
+    for r, p, pr, m, row, bu in zip(rows, predicted, priced, measured, per_step, busy):
         parts = "" if isinstance(pr, float) else (
             " ".join(f"{(f + b) * 1e3:.1f}" for f, b in zip(pr.forward_s, pr.backward_s))
             + f"; {pr.tail_s * 1e3:.1f}, {pr.tied_s * 1e3:.1f}")
         print(f"{r['label']:28s} {r['planned_s'] * 1e3:6.0f}ms {p * 1e3:7.0f}ms {m * 1e3:6.0f}ms "
-              f"{(max(row) - min(row)) / m:6.0%} {p / m:6.2f} {r['planned_s'] / m:6.2f}  {parts}")
-    for name, pred in (("predicted", predicted), ("planned", [r["planned_s"] for r in rows])):
+              f"{(max(row) - min(row)) / m:6.0%} {p / m:6.2f} {bu / m:6.2f} "
+              f"{r['planned_s'] / m:6.2f}  {parts}")
+    for name, pred in (("predicted", predicted), ("all busy", busy),
+                       ("planned", [r["planned_s"] for r in rows])):
         ratios = [p / m for p, m in zip(pred, measured)]
         print(f"{name:9}: Spearman {spearman(pred, measured):+.3f} (goal >= 0.9), median "
               f"predicted/measured {statistics.median(ratios):.2f} (goal 0.67..1.5), range "

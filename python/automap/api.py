@@ -211,6 +211,7 @@ def _device_speeds(plan_options: dict, known: dict | None, device: torch.device,
     if any(given[n] is None and known.get(n) is None for n in FIELDS):
         measured = measure_concurrently(device, parameter_dtype(traced), cached=True)
         known = {n: known.get(n) or getattr(measured, n) for n in FIELDS}
+        known.setdefault("shared_slowdown", measured.shared_slowdown)
     return resolve_device_profile(**given, known=known)
 
 

@@ -2,7 +2,10 @@
 (``pipeline_chain``) split into ``n`` contiguous stages minimising the
 schedule's step
 
-    sum(t_k) + (M - 1) * max(t_k) + max_k(sync_k + optimizer_k) + tied_s
+    latency(sum(t_k), max(t_k)) + max_k(sync_k + optimizer_k) + tied_s
+
+(``schedule_latency_s``: ``sum(t_k) + (M - 1) * max(t_k)`` on devices of
+their own)
 
 with ``t_k`` stage ``k``'s forward and backward of one microbatch plus its
 sends (the activations to ``k + 1``, the gradient back to ``k - 1``), each
@@ -16,8 +19,9 @@ input per microbatch in flight and one microbatch's activations at a time.
 The max term makes the objective non-additive: for a cap ``T`` on every
 ``t_k``, the least ``sum(t_k)`` is a plain DP (``O(n K^2)`` vectorised), and
 the optimum is the best over caps taken from the stage times themselves,
-ascending from the least feasible cap until ``(M - 1) * T`` alone outweighs
-the best found. The gradient sync and optimizer tail and the tied weights'
+ascending from the least feasible cap until the latency of the least sum
+under ``T`` outweighs the best found (the latency grows with both sum and
+max, so this stays exact). The gradient sync and optimizer tail and the tied weights'
 all-reduce are added after the DP (they are small next to the microbatches
 and nearly the same for every split)."""
 
@@ -163,11 +167,12 @@ def _least_sum(times: list[np.ndarray], cap: float):
 
 def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedule: str,
                    budget, optimizer="adamw",
-                   recompute: bool = True) -> Partition | None:
+                   recompute: bool = True, shared_slowdown: float = 1.0) -> Partition | None:
     """The fastest split of ``chain`` over ``stages`` (see the module docstring);
     None when there are fewer units than stages or no split fits ``budget`` (bytes
     per device: one for every stage, a list of one per stage index, or None).
-    ``recompute``: a stage that does not fit may recompute its forward."""
+    ``recompute``: a stage that does not fit may recompute its forward;
+    ``shared_slowdown``: the device profile's (``schedule_latency_s``)."""
     ranges = _Ranges(chain)
     n = stages.count
     if ranges.K < n:
@@ -182,7 +187,7 @@ def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedul
         return None
     if microbatches == 1:  # no max term: the least sum is the optimum
         return _describe(chain, ranges, stages, free, peaks, recomputed, microbatches,
-                         schedule)
+                         schedule, shared_slowdown)
     # The least feasible cap, by bisection over the sorted stage times.
     lo, hi = 0, caps.size - 1
     while lo < hi:
@@ -193,39 +198,52 @@ def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedul
             lo = mid + 1
     best_s, best_bounds = np.inf, None
     for cap in caps[lo:lo + MAX_CAPS]:
-        if floor + (microbatches - 1) * cap >= best_s:
+        if schedule_latency_s(floor, cap, microbatches, n, schedule,
+                              shared_slowdown) >= best_s:
             break
         total, bounds = _least_sum(times, cap)
         if bounds is None:
             continue
         worst = max(times[k][a, b] for k, (a, b) in enumerate(bounds))
-        latency = total + (microbatches - 1) * worst
+        latency = schedule_latency_s(total, worst, microbatches, n, schedule, shared_slowdown)
         if latency < best_s:
             best_s, best_bounds = latency, bounds
     if best_bounds is None:
         return None
     return _describe(chain, ranges, stages, best_bounds, peaks, recomputed, microbatches,
-                     schedule)
+                     schedule, shared_slowdown)
 
 
-def schedule_latency_s(stage_s: list[float], microbatches: int, schedule: str) -> float:
+def schedule_latency_s(total_s: float, worst_s: float, microbatches: int, stages: int,
+                       schedule: str, shared_slowdown: float = 1.0) -> float:
     """The schedule's time from the first microbatch's forward to the last one's
-    backward, stage ``k`` taking ``stage_s[k]`` per microbatch (forward, backward
-    and its sends): the first microbatch crosses every stage, the other
-    ``M - 1`` follow at the pace of the slowest (GPipe and 1F1B alike)."""
-    return sum(stage_s) + (microbatches - 1) * max(stage_s)
+    backward, the stages taking ``total_s`` per microbatch together (forward,
+    backward and sends of each) and the slowest ``worst_s``: the first
+    microbatch crosses every stage, the other ``M - 1`` follow at the pace of
+    the slowest (GPipe and 1F1B alike).
+
+    Ranks that share their compute (``DeviceProfile.shared_slowdown`` > 1, the
+    stage times priced with every rank computing) run faster while others
+    idle in the bubbles: the chain above runs up to that many times faster,
+    but the machine cannot do more work than all ranks busy at once do, so
+    the step is at least a stage's mean work ``M * total_s / n``. With a
+    device per rank (1) the first term is always the larger."""
+    latency = total_s + (microbatches - 1) * worst_s
+    return max(latency / shared_slowdown, microbatches * total_s / stages)
 
 
 def _describe(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds, peaks, recomputed,
-              microbatches: int, schedule: str) -> Partition:
+              microbatches: int, schedule: str, shared_slowdown: float) -> Partition:
     recompute = [bool(recomputed[k][a, b]) for k, (a, b) in enumerate(bounds)]
     return price_bounds(chain, stages, bounds, recompute, microbatches, schedule, ranges,
-                        [float(peaks[k][a, b]) for k, (a, b) in enumerate(bounds)])
+                        [float(peaks[k][a, b]) for k, (a, b) in enumerate(bounds)],
+                        shared_slowdown)
 
 
 def price_bounds(chain: Chain, stages: StageMeshes, bounds, recompute: list[bool],
                  microbatches: int, schedule: str, ranges: _Ranges | None = None,
-                 peak_bytes: list[float] | None = None) -> Partition:
+                 peak_bytes: list[float] | None = None,
+                 shared_slowdown: float = 1.0) -> Partition:
     """The ``Partition`` of the stages ``bounds`` (per stage, units ``[a, b)``),
     ``recompute`` saying which recompute their forward; ``peak_bytes`` is
     reported as given (zeros when None)."""
@@ -243,7 +261,8 @@ def price_bounds(chain: Chain, stages: StageMeshes, bounds, recompute: list[bool
     t = [f + b for f, b in zip(forward, backward)]
     tail = max(float(ranges.tail[a, b]) for a, b in bounds)
     tied = _tied_s(chain, ranges, stages, bounds)
-    step = schedule_latency_s(t, microbatches, schedule) + tail + tied
+    step = schedule_latency_s(sum(t), max(t), microbatches, n, schedule,
+                              shared_slowdown) + tail + tied
     return Partition(list(bounds), forward, backward, peak_bytes or [0.0] * n, send, tail,
                      tied, step, list(recompute))
 

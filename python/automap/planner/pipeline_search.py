@@ -82,13 +82,14 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
                     plan_submesh: Callable, intra_op: Plan | None,
                     intra_op_error: InfeasibleBudgetError | None = None,
                     explicit: bool = False, simulate: Callable | None = None,
-                    headroom: float = 0.0) -> Plan:
+                    headroom: float = 0.0, shared_slowdown: float = 1.0) -> Plan:
     """The fastest plan over the stage ``counts`` (see the module docstring).
     ``traced``/``profile``: one microbatch; ``plan_submesh(submesh, budget)``
     returns the submesh's intra-op plan within ``budget`` and its strategy table; ``intra_op``: the
     whole batch's plan on the whole mesh (None: not searched or infeasible,
     ``intra_op_error`` says why). ``explicit``: the caller asked for exactly
-    these counts (too few units is then an ``InvalidPipelineError``)."""
+    these counts (too few units is then an ``InvalidPipelineError``).
+    ``shared_slowdown``: the device profile's (``pipeline_partition.schedule_latency_s``)."""
     t0 = time.perf_counter()
     units = unit_count(traced, blocks, stacks)
     tried = [n for n in counts if n > 1]
@@ -117,7 +118,8 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
             chain_n = build_chain(traced, profile, table, choice_of_plan(table, plan_n), blocks,
                                   stacks)
             split = best_partition(chain_n, stages, microbatches, schedule,
-                                   memory_budget_bytes, optimizer)
+                                   memory_budget_bytes, optimizer,
+                                   shared_slowdown=shared_slowdown)
             if split is not None and (found is None or split.step_s < found.step_s):
                 found, sub_plan, chain = split, plan_n, chain_n
             if found is not None and not any(found.recompute):
@@ -140,7 +142,7 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
             break
         plan, seen = _verified(sub_plan, partition, stages, chain, microbatches, schedule,
                                memory_budget_bytes, optimizer, intra_s, candidates, t0,
-                               simulate, headroom)
+                               simulate, headroom, shared_slowdown)
         if seen is not None:
             least_peak = seen if least_peak is None else min(least_peak, seen)
         if plan is not None and not (intra_s is not None and intra_s <= plan.predicted_step_s
@@ -167,7 +169,8 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
 
 def _verified(sub_plan: Plan, partition: Partition, stages, chain, microbatches: int,
               schedule: str, budget, optimizer, intra_s, candidates, t0: float,
-              simulate: Callable | None, headroom: float) -> tuple[Plan | None, float | None]:
+              simulate: Callable | None, headroom: float,
+              shared_slowdown: float = 1.0) -> tuple[Plan | None, float | None]:
     """The pipelined plan of ``partition`` with each stage's peak from its
     simulated step, re-partitioned against per-stage budgets corrected by
     simulated/modelled while a stage exceeds ``budget``: (the plan or None, the
@@ -197,7 +200,8 @@ def _verified(sub_plan: Plan, partition: Partition, stages, chain, microbatches:
         log.info("simulated stage peaks %s MiB exceed the budget; partitioning again within "
                  "per-stage model budgets %s MiB", [round(p / 2**20, 1) for p in peaks],
                  [round(b / 2**20, 1) for b in budgets])
-        split = best_partition(chain, stages, microbatches, schedule, budgets, optimizer)
+        split = best_partition(chain, stages, microbatches, schedule, budgets, optimizer,
+                               shared_slowdown=shared_slowdown)
         if split is None:
             break
         partition = split
@@ -289,4 +293,5 @@ def reprice_pipeline(traced, profile, plan: Plan, device, optimizer: str = "adam
     firsts = [start[s.first_node] for s in record.stages]
     bounds = list(zip(firsts, [*firsts[1:], len(chain.units)]))
     return price_bounds(chain, stages, bounds, [s.recompute for s in record.stages],
-                        record.microbatches, record.schedule)
+                        record.microbatches, record.schedule,
+                        shared_slowdown=device.shared_slowdown)
