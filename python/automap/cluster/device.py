@@ -158,8 +158,10 @@ def local_device_profile(device: str | torch.device | None = None,
 def measure_concurrently(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                          group: Any = None, cached: bool = False) -> DeviceProfile:
     """Every rank of the process ``group`` (collective) measures its device at
-    the same time, as they compute in training; every rank gets the slowest.
-    ``cached``: reuse this group's first measurement (every rank must ask
+    the same time, as they compute in training; every rank gets the slowest,
+    with ``shared_slowdown`` from the group's first rank measured alone just
+    before (its matmul rate over the slowest concurrent one; 1 below
+    ``SHARED_MIN_SLOWDOWN``). ``cached``: reuse this group's first measurement (every rank must ask
     alike)."""
     import torch.distributed as dist
 
@@ -179,13 +181,18 @@ def measure_concurrently(device: str | torch.device = "cpu", dtype: torch.dtype 
     dist.all_gather_object(everyone, (mine.to_dict(), alone and alone.flops_per_s),
                            group=group)
     found = slowest([DeviceProfile(**p) for p, _ in everyone])
-    solo = max(f for _, f in everyone if f is not None)
+    solo = max(f for _, f in everyone if f is not None) / found.flops_per_s
     _concurrent[key] = dataclasses.replace(
-        found, shared_slowdown=max(1.0, solo / found.flops_per_s))
+        found, shared_slowdown=solo if solo >= SHARED_MIN_SLOWDOWN else 1.0)
     return _concurrent[key]
 
 
 _concurrent: dict[tuple, DeviceProfile] = {}
+
+#: A rank alone faster than this many times its concurrent rate shares its
+#: compute; below, the difference is taken for noise between two measurements
+#: (ranks with a device each measure about 1).
+SHARED_MIN_SLOWDOWN = 1.2
 
 
 def resolve_device_profile(*, flops_per_s: float | None = None,
