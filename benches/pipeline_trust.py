@@ -143,6 +143,48 @@ def _reprice(rows, device, mesh) -> list:
     return out
 
 
+def shared_schedule_s(part, schedule: str, microbatches: int, world: int,
+                      shared_slowdown: float) -> float:
+    """An experiment beside the model: the schedule's operations (torch's order
+    per stage) run as a simulation under processor sharing, a busy rank going
+    at ``min(1, capacity / busy ranks)`` of its speed alone, the capacity
+    ``world / shared_slowdown`` ranks alone; the stage times are priced with
+    every rank busy. Plus the tail and the tied weights."""
+    from automap.generate.simulate_pipeline import schedule_order
+
+    n = len(part.forward_s)
+    per_stage = world // n
+    orders = [schedule_order(schedule, microbatches, n, k) for k in range(n)]
+    head, current, done = [0] * n, [None] * n, set()
+    capacity, clock = world / shared_slowdown, 0.0
+
+    def ready(k, op, i) -> bool:
+        if op == "F":
+            return k == 0 or ("F", k - 1, i) in done
+        return ("F", k, i) in done and (k == n - 1 or ("B", k + 1, i) in done)
+
+    while True:
+        for k in range(n):
+            if current[k] is None and head[k] < len(orders[k]):
+                op, i = orders[k][head[k]]
+                if ready(k, op, i):
+                    work = part.forward_s[k] if op == "F" else part.backward_s[k]
+                    current[k] = [op, i, work / shared_slowdown]
+                    head[k] += 1
+        busy = [k for k in range(n) if current[k] is not None]
+        if not busy:
+            break
+        speed = min(1.0, capacity / (per_stage * len(busy)))
+        step = min(current[k][2] for k in busy) / speed
+        clock += step
+        for k in busy:
+            current[k][2] -= step * speed
+            if current[k][2] <= 1e-12:
+                done.add((current[k][0], k, current[k][1]))
+                current[k] = None
+    return clock + part.tail_s + part.tied_s
+
+
 def _ranks(values) -> np.ndarray:
     values = np.asarray(values)
     order = np.argsort(values, kind="stable")
@@ -179,6 +221,7 @@ def main(argv=None) -> int:
     from automap.cluster.cluster import Cluster
     from automap.cluster.device import DeviceProfile
     from automap.launch import run_on_gloo
+    from automap.planner.plan import Plan
     from automap.sharding.mesh import DeviceMesh
 
     start = time.perf_counter()
@@ -205,6 +248,9 @@ def main(argv=None) -> int:
     print(f"during the timed steps: {_describe(during, during_mesh)}")
     priced = _reprice(rows, during, during_mesh)
     predicted = [p if isinstance(p, float) else p.step_s for p in priced]
+    shared = [p if isinstance(p, float) else shared_schedule_s(
+        p, Plan.from_dict(r["plan"]).pipeline.schedule, Plan.from_dict(r["plan"]).pipeline.
+        microbatches, WORLD, during.shared_slowdown) for p, r in zip(priced, rows)]
     # The model before shared_slowdown: stages always at the all-ranks-busy speed.
     busy = [p if isinstance(p, float) else p.step_s for p in _reprice(
         rows, dataclasses.replace(during, shared_slowdown=1.0), during_mesh)]
@@ -218,7 +264,7 @@ def main(argv=None) -> int:
         print(f"{r['label']:28s} {r['planned_s'] * 1e3:6.0f}ms {p * 1e3:7.0f}ms {m * 1e3:6.0f}ms "
               f"{(max(row) - min(row)) / m:6.0%} {p / m:6.2f} {bu / m:6.2f} "
               f"{r['planned_s'] / m:6.2f}  {parts}")
-    for name, pred in (("predicted", predicted), ("all busy", busy),
+    for name, pred in (("predicted", predicted), ("all busy", busy), ("simulated", shared),
                        ("planned", [r["planned_s"] for r in rows])):
         ratios = [p / m for p, m in zip(pred, measured)]
         print(f"{name:9}: Spearman {spearman(pred, measured):+.3f} (goal >= 0.9), median "

@@ -1,4 +1,4 @@
-"""The pipeline's step-time model (``pipeline_partition.schedule_latency_s``,
+"""The pipeline's step-time model (``pipeline_partition.schedule_step_s``,
 ``price_bounds``, ``pipeline_search.reprice_pipeline``): what each term
 prices, on hand-made chains and the GPT-2 test plan; no timing."""
 
@@ -13,7 +13,7 @@ from automap import DeviceMesh
 from automap.cluster.device import DeviceProfile
 from automap.planner.pipeline_chain import Chain, Unit
 from automap.planner.pipeline_mesh import cut_mesh
-from automap.planner.pipeline_partition import price_bounds, schedule_latency_s
+from automap.planner.pipeline_partition import price_bounds, schedule_step_s
 
 
 def _chain(times, sync_s=0.0, optimizer_s=0.0) -> Chain:
@@ -24,44 +24,43 @@ def _chain(times, sync_s=0.0, optimizer_s=0.0) -> Chain:
 
 
 def test_a_device_per_rank_is_the_schedules_formula():
-    assert schedule_latency_s(6.0, 2.0, 4, 3, "1f1b") == pytest.approx(6 + 3 * 2)
-    assert schedule_latency_s(6.0, 2.0, 1, 3, "gpipe") == pytest.approx(6)
+    assert schedule_step_s(6.0, 2.0, 4) == pytest.approx(6 + 3 * 2)
+    assert schedule_step_s(6.0, 2.0, 1) == pytest.approx(6)
 
 
 @pytest.mark.parametrize("m", [1, 2, 4, 8, 16])
 def test_every_microbatch_pays_the_slowest_stage(m):
     # One more microbatch: one more slowest stage (its ops, kernel overheads
     # and sends run once per microbatch).
-    grown = schedule_latency_s(6.0, 2.0, m + 1, 3, "1f1b") - schedule_latency_s(
-        6.0, 2.0, m, 3, "1f1b")
+    grown = schedule_step_s(6.0, 2.0, m + 1) - schedule_step_s(6.0, 2.0, m)
     assert grown == pytest.approx(2.0)
 
 
 def test_shared_ranks_speed_up_in_the_bubbles_but_not_beyond_the_work():
     # Four stages of 1 s per microbatch, M = 4: 7 s with a device per rank.
-    assert schedule_latency_s(4.0, 1.0, 4, 4, "1f1b", 1.0) == pytest.approx(7.0)
+    assert schedule_step_s(4.0, 1.0, 4, 1, 1.0, 4) == pytest.approx(7.0)
     # Ranks sharing cores 2x: the chain at twice the speed (3.5 s) is below
     # the work every rank does with all of them busy (4 x 1 s).
-    assert schedule_latency_s(4.0, 1.0, 4, 4, "1f1b", 2.0) == pytest.approx(4.0)
+    assert schedule_step_s(4.0, 1.0, 4, 1, 2.0, 4) == pytest.approx(4.0)
     # Unbalanced stages: the chain's latency is above the mean work.
-    assert schedule_latency_s(5.0, 2.0, 4, 4, "1f1b", 2.0) == pytest.approx(5.5)
+    assert schedule_step_s(5.0, 2.0, 4, 1, 2.0, 4) == pytest.approx(5.5)
     # Never below what one device per rank gives divided by the slowdown,
     # never above it.
     for total, worst, s in [(3.0, 1.0, 1.5), (10.0, 4.0, 5.0), (2.0, 2.0, 3.0)]:
-        plain = schedule_latency_s(total, worst, 8, 3, "gpipe")
-        shared = schedule_latency_s(total, worst, 8, 3, "gpipe", s)
+        plain = schedule_step_s(total, worst, 8)
+        shared = schedule_step_s(total, worst, 8, 1, s, 3)
         assert plain / s <= shared <= plain
 
 
 def test_shared_ranks_change_the_order_of_two_pipelines():
     # A: 4 stages, unbalanced (0.5, 0.5, 0.5, 2 s); B: 2 stages of 1.5 s; M = 4.
-    a = dict(total_s=3.5, worst_s=2.0, microbatches=4, stages=4, schedule="1f1b")
-    b = dict(total_s=3.0, worst_s=1.5, microbatches=4, stages=2, schedule="1f1b")
+    a = dict(sum_s=3.5, max_s=2.0, microbatches=4, submeshes=4)
+    b = dict(sum_s=3.0, max_s=1.5, microbatches=4, submeshes=2)
     # A device per rank: A's bubbles behind its slow stage make it slower.
-    assert schedule_latency_s(**a) > schedule_latency_s(**b)
+    assert schedule_step_s(**a) > schedule_step_s(**b)
     # Four ranks on a quarter of the cores each: A's idle ranks give their
     # share to the busy ones, and A does less work per rank.
-    assert schedule_latency_s(**a, shared_slowdown=4.0) < schedule_latency_s(
+    assert schedule_step_s(**a, shared_slowdown=4.0) < schedule_step_s(
         **b, shared_slowdown=4.0)
 
 

@@ -56,7 +56,7 @@ class DeviceProfile:
     one; >= 1): ranks sharing cores or a device (four gloo ranks on two
     cores), 1 where each rank has a device of its own. A pipeline's stages
     idle in its bubbles, and the ranks that still compute then get the
-    share the idle ones leave (``planner/pipeline_partition.schedule_latency_s``)."""
+    share the idle ones leave (``planner/pipeline_partition.schedule_step_s``)."""
 
     flops_per_s: float
     memory_bandwidth_bytes_per_s: float

@@ -4,7 +4,7 @@ schedule's step
 
     latency(sum(t_k), max(t_k)) + max_k(sync_k + optimizer_k) + tied_s
 
-(``schedule_latency_s``: ``sum(t_k) + (M - 1) * max(t_k)`` on devices of
+(``schedule_step_s``: ``sum(t_k) + (M - 1) * max(t_k)`` on devices of
 their own)
 
 with ``t_k`` stage ``k``'s forward and backward of one microbatch plus its
@@ -172,7 +172,7 @@ def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedul
     None when there are fewer units than stages or no split fits ``budget`` (bytes
     per device: one for every stage, a list of one per stage index, or None).
     ``recompute``: a stage that does not fit may recompute its forward;
-    ``shared_slowdown``: the device profile's (``schedule_latency_s``)."""
+    ``shared_slowdown``: the device profile's (``schedule_step_s``)."""
     ranges = _Ranges(chain)
     n = stages.count
     if ranges.K < n:
@@ -198,14 +198,13 @@ def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedul
             lo = mid + 1
     best_s, best_bounds = np.inf, None
     for cap in caps[lo:lo + MAX_CAPS]:
-        if schedule_latency_s(floor, cap, microbatches, n, schedule,
-                              shared_slowdown) >= best_s:
+        if schedule_step_s(floor, cap, microbatches, 1, shared_slowdown, n) >= best_s:
             break
         total, bounds = _least_sum(times, cap)
         if bounds is None:
             continue
         worst = max(times[k][a, b] for k, (a, b) in enumerate(bounds))
-        latency = schedule_latency_s(total, worst, microbatches, n, schedule, shared_slowdown)
+        latency = schedule_step_s(total, worst, microbatches, 1, shared_slowdown, n)
         if latency < best_s:
             best_s, best_bounds = latency, bounds
     if best_bounds is None:
@@ -214,22 +213,24 @@ def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedul
                      schedule, shared_slowdown)
 
 
-def schedule_latency_s(total_s: float, worst_s: float, microbatches: int, stages: int,
-                       schedule: str, shared_slowdown: float = 1.0) -> float:
+def schedule_step_s(sum_s: float, max_s: float, microbatches: int, virtual: int = 1,
+                    shared_slowdown: float = 1.0, submeshes: int = 1) -> float:
     """The schedule's time from the first microbatch's forward to the last one's
-    backward, the stages taking ``total_s`` per microbatch together (forward,
-    backward and sends of each) and the slowest ``worst_s``: the first
+    backward, from the sum ``sum_s`` and the largest ``max_s`` of the stage
+    times (forward, backward and sends of one microbatch each): the first
     microbatch crosses every stage, the other ``M - 1`` follow at the pace of
-    the slowest (GPipe and 1F1B alike).
+    the slowest (GPipe and 1F1B alike; ``virtual`` is 1 for them).
 
     Ranks that share their compute (``DeviceProfile.shared_slowdown`` > 1, the
     stage times priced with every rank computing) run faster while others
     idle in the bubbles: the chain above runs up to that many times faster,
     but the machine cannot do more work than all ranks busy at once do, so
-    the step is at least a stage's mean work ``M * total_s / n``. With a
+    the step is at least a rank's mean work ``M * sum_s / submeshes``. With a
     device per rank (1) the first term is always the larger."""
-    latency = total_s + (microbatches - 1) * worst_s
-    return max(latency / shared_slowdown, microbatches * total_s / stages)
+    latency = sum_s + (microbatches - 1) * max_s
+    if shared_slowdown <= 1.0:
+        return latency
+    return max(latency / shared_slowdown, microbatches * sum_s / submeshes)
 
 
 def _describe(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds, peaks, recomputed,
@@ -261,8 +262,7 @@ def price_bounds(chain: Chain, stages: StageMeshes, bounds, recompute: list[bool
     t = [f + b for f, b in zip(forward, backward)]
     tail = max(float(ranges.tail[a, b]) for a, b in bounds)
     tied = _tied_s(chain, ranges, stages, bounds)
-    step = schedule_latency_s(sum(t), max(t), microbatches, n, schedule,
-                              shared_slowdown) + tail + tied
+    step = schedule_step_s(sum(t), max(t), microbatches, 1, shared_slowdown, n) + tail + tied
     return Partition(list(bounds), forward, backward, peak_bytes or [0.0] * n, send, tail,
                      tied, step, list(recompute))
 

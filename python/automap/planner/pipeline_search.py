@@ -89,7 +89,7 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
     whole batch's plan on the whole mesh (None: not searched or infeasible,
     ``intra_op_error`` says why). ``explicit``: the caller asked for exactly
     these counts (too few units is then an ``InvalidPipelineError``).
-    ``shared_slowdown``: the device profile's (``pipeline_partition.schedule_latency_s``)."""
+    ``shared_slowdown``: the device profile's (``pipeline_partition.schedule_step_s``)."""
     t0 = time.perf_counter()
     units = unit_count(traced, blocks, stacks)
     tried = [n for n in counts if n > 1]
