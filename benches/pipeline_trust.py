@@ -22,7 +22,9 @@ with 4 microbatches, and some with 2 or 8. Printed: per plan the prediction
 with the profile the plan was made with and with the one measured during the
 steps (and with the stages always at the all-ranks-busy speed: "busy", the
 model before ``shared_slowdown``), the measured median and the ratios; then
-the Spearman rank correlation over all rows (intra-op and pipelines pooled) and the median ratio.
+the Spearman rank correlation over all rows (intra-op and pipelines pooled)
+and the median ratio; also, as an experiment, of the schedule simulated
+under processor sharing (``shared_schedule_s``).
 
     PYTHONPATH=python python benches/pipeline_trust.py [--rounds 5] [--warmup 2] [--quick]
 """
