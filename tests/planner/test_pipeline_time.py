@@ -13,12 +13,13 @@ from automap import DeviceMesh
 from automap.cluster.device import DeviceProfile
 from automap.planner.pipeline_chain import Chain, Unit
 from automap.planner.pipeline_mesh import cut_mesh
-from automap.planner.pipeline_partition import price_bounds, schedule_step_s
+from automap.planner.pipeline_partition import price_bounds, schedule_step_s, stage_tail_s
 
 
-def _chain(times, sync_s=0.0, optimizer_s=0.0) -> Chain:
-    units = [Unit(i, i, 0, forward_s=t / 3, backward_s=2 * t / 3, sync_s=sync_s,
-                  optimizer_s=optimizer_s, out_bytes=1e3, out_grad_bytes=1e3)
+def _chain(times, grad_bytes=0.0, optimizer_s=0.0) -> Chain:
+    units = [Unit(i, i, 0, forward_s=t / 3, backward_s=2 * t / 3, optimizer_s=optimizer_s,
+                  sync={(f"p{i}", 0): ((0,), grad_bytes)} if grad_bytes else {},
+                  out_bytes=1e3, out_grad_bytes=1e3)
              for i, t in enumerate(times)]
     return Chain([f"n{i}" for i in range(len(units))], units, {})
 
@@ -65,16 +66,34 @@ def test_shared_ranks_change_the_order_of_two_pipelines():
 
 
 def test_the_step_adds_the_tail_and_the_tied_weights():
-    stages = cut_mesh(DeviceMesh((2,), alpha_s=1e-3, bandwidth_bytes_per_s=1e6), 2)
-    chain = _chain(np.ones(4), sync_s=0.1, optimizer_s=0.05)
+    # Two stages of 2 x 2 ranks: the stages' link is axis 0's, the gradients
+    # are all-reduced over the submesh's axis (axis 1 of the whole mesh).
+    mesh = DeviceMesh((2, 2), alpha_s=[1e-3, 1e-4], bandwidth_bytes_per_s=[1e6, 1e8])
+    stages = cut_mesh(mesh, 2)
+    chain = _chain(np.ones(4), grad_bytes=1e5, optimizer_s=0.05)
     part = price_bounds(chain, stages, [(0, 2), (2, 4)], [False, False], 4, "gpipe")
     send = 1e-3 + 1e3 / 1e6
     t = [2 + send, 2 + send]
     assert part.send_s == [pytest.approx(send)]
-    assert part.tail_s == pytest.approx(2 * 0.15)  # the slowest stage's sync + optimizer
+    # The slowest stage's optimizer and its two gradients in one bucket.
+    bucket = stages.submesh.all_reduce_cost_s(2e5, (0,))
+    assert part.tail_s == pytest.approx(2 * 0.05 + bucket)
     assert part.step_s == pytest.approx(sum(t) + 3 * max(t) + part.tail_s + part.tied_s)
     again = price_bounds(chain, stages, [(0, 2), (2, 4)], [True, False], 4, "gpipe")
     assert again.backward_s[0] == pytest.approx(part.backward_s[0] + 2 / 3)
+
+
+def test_the_gradients_pay_the_latency_once_per_bucket():
+    mesh = DeviceMesh((2, 2), alpha_s=[1e-3, 1e-3], bandwidth_bytes_per_s=[1e9, 1e9])
+    stages = cut_mesh(mesh, 2)
+    chain = _chain(np.ones(20), grad_bytes=1e5)
+    tail = stage_tail_s(chain, stages, 0, 10)
+    assert tail == pytest.approx(stages.submesh.all_reduce_cost_s(1e6, (0,)))
+    assert tail < 10 * stages.submesh.all_reduce_cost_s(1e5, (0,)) / 2
+    # Past a bucket's bytes, one more bucket.
+    assert stage_tail_s(chain, stages, 0, 10, bucket_bytes=4e5) == pytest.approx(
+        2 * stages.submesh.all_reduce_cost_s(4e5, (0,))
+        + stages.submesh.all_reduce_cost_s(2e5, (0,)))
 
 
 def test_repricing_a_plan_gives_its_prediction():

@@ -33,6 +33,7 @@ import numpy as np
 
 from automap.planner.pipeline_chain import Chain
 from automap.planner.pipeline_mesh import StageMeshes
+from automap.sharding.collectives import DEFAULT_BUCKET_BYTES
 from automap.solve.memory import optimizer_temp_factor
 
 #: At most this many caps are tried above the least feasible one.
@@ -260,11 +261,34 @@ def price_bounds(chain: Chain, stages: StageMeshes, bounds, recompute: list[bool
         forward.append(float(ranges.compute[0][a, b]) + (send[k] if k < n - 1 else 0.0))
         backward.append(float(ranges.compute[1][a, b]) + back + again)
     t = [f + b for f, b in zip(forward, backward)]
-    tail = max(float(ranges.tail[a, b]) for a, b in bounds)
+    tail = max(stage_tail_s(chain, stages, a, b) for a, b in bounds)
     tied = _tied_s(chain, ranges, stages, bounds)
     step = schedule_step_s(sum(t), max(t), microbatches, 1, shared_slowdown, n) + tail + tied
     return Partition(list(bounds), forward, backward, peak_bytes or [0.0] * n, send, tail,
                      tied, step, list(recompute))
+
+
+def stage_tail_s(chain: Chain, stages: StageMeshes, a: int, b: int,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> float:
+    """What the stage of units ``[a, b)`` runs after its last microbatch: the
+    optimizer step of its parameters and the all-reduce of its deferred
+    gradients, packed as ``GradientSync`` packs them (buckets of
+    ``bucket_bytes`` per set of mesh axes, each gradient once), so the
+    latency is paid per bucket, not per parameter."""
+    units = chain.units[a:b]
+    grads: dict = {}
+    for unit in units:
+        grads.update(unit.sync)
+    per_axes: dict = {}
+    for axes, nbytes in grads.values():
+        per_axes[axes] = per_axes.get(axes, 0.0) + nbytes
+    mesh = stages.submesh
+    sync = 0.0
+    for axes, total in per_axes.items():
+        full, rest = divmod(total, bucket_bytes)
+        sync += full * mesh.all_reduce_cost_s(bucket_bytes, axes)
+        sync += mesh.all_reduce_cost_s(rest, axes) if rest > 0 else 0.0
+    return sum(u.optimizer_s for u in units) + sync
 
 
 def _tied_s(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds) -> float:
