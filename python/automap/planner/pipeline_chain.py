@@ -42,9 +42,8 @@ class Unit:
     forward_s: float = 0.0
     backward_s: float = 0.0
     optimizer_s: float = 0.0  # once per step
-    sync_s: float = 0.0  # the deferred gradients' all-reduce, once per step
     #: The deferred gradients it reads: key -> (mesh axes, local bytes); a
-    #: stage all-reduces them in buckets (``pipeline_partition.stage_sync_s``).
+    #: stage all-reduces them in buckets (``pipeline_partition.stage_tail_s``).
     sync: dict = field(default_factory=dict)
     saved_bytes: float = 0.0  # kept from a microbatch's forward to its backward
     transient_bytes: float = 0.0  # the largest while one node runs
@@ -177,6 +176,5 @@ def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
                 unit.optimizer_s += float(node.optimizer_s[c])
             if canonical in deferred:
                 axes, nbytes = deferred[canonical]
-                unit.sync_s += table.mesh.all_reduce_cost_s(nbytes, axes)
                 unit.sync[key] = (axes, nbytes)
     return Chain(order, units, grads)

@@ -79,7 +79,6 @@ class _Ranges:
             return out
 
         self.compute = sums([u.forward_s for u in units]), sums([u.backward_s for u in units])
-        self.tail = sums([u.sync_s + u.optimizer_s for u in units])
         self.saved = sums([u.saved_bytes for u in units])
         self.transient = maxima([u.transient_bytes for u in units])
         self.largest = maxima([u.largest_param_bytes for u in units])
