@@ -161,8 +161,8 @@ def measure_concurrently(device: str | torch.device = "cpu", dtype: torch.dtype 
     the same time, as they compute in training; every rank gets the slowest,
     with ``shared_slowdown`` from the group's first rank measured alone just
     before (its matmul rate over the slowest concurrent one; 1 below
-    ``SHARED_MIN_SLOWDOWN``). ``cached``: reuse this group's first measurement (every rank must ask
-    alike)."""
+    ``SHARED_MIN_SLOWDOWN``). ``cached``: reuse this group's first
+    measurement (every rank must ask alike)."""
     import torch.distributed as dist
 
     device = torch.device(device)

@@ -15,8 +15,8 @@ from one traced block into the next.
 Per node the times follow ``automap.planner.step_time`` (the compute split by
 profiled FLOPs, the node's own collectives, the conversions into it), without
 the data-parallel gradient buckets: those gradients are all-reduced once per
-step, after the last microbatch (``sync``, bucketed per stage). Memory per node follows
-``automap.solve.memory.plan_memory``."""
+step, after the last microbatch (``Unit.sync``, bucketed per stage). Memory
+per node follows ``automap.solve.memory.plan_memory``."""
 
 from __future__ import annotations
 

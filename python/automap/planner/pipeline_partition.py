@@ -21,9 +21,10 @@ The max term makes the objective non-additive: for a cap ``T`` on every
 the optimum is the best over caps taken from the stage times themselves,
 ascending from the least feasible cap until the latency of the least sum
 under ``T`` outweighs the best found (the latency grows with both sum and
-max, so this stays exact). The gradient sync and optimizer tail and the tied weights'
-all-reduce are added after the DP (they are small next to the microbatches
-and nearly the same for every split)."""
+max, so this stays exact). The gradient sync and optimizer tail
+(``stage_tail_s``) and the tied weights' all-reduce are added after the DP
+(they are small next to the microbatches and nearly the same for every
+split)."""
 
 from __future__ import annotations
 
