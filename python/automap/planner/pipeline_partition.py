@@ -203,9 +203,10 @@ def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedul
     for cap in caps[lo:lo + MAX_CAPS]:
         # The split is chosen on the dedicated-device latency even where ranks
         # share their compute: the shared latency is flat in the stages'
-        # balance where the work term binds (it sees sum(t) alone), and
-        # balanced splits measured faster (4 stages on 4 gloo ranks, 2 cores:
-        # 793 against 914 ms at equal sum). The reported step is the shared one.
+        # balance where the work term binds (it sees sum(t) alone), so it
+        # would pick any split of least sum, however unbalanced (measured
+        # against balanced ones on 4 gloo ranks: within noise). The reported
+        # step is the shared one.
         if schedule_step_s(floor, cap, microbatches) >= best_s:
             break
         total, bounds = _least_sum(times, cap)
