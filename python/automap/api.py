@@ -145,7 +145,7 @@ def autoparallelize(
                                optimizer=optimizer, mixed_precision=mixed_precision,
                                pipeline=pipeline, microbatches=microbatches,
                                schedule=schedule, **{n: getattr(speeds, n) for n in FIELDS},
-                               **plan_options)
+                               shared_slowdown=speeds.shared_slowdown, **plan_options)
             found.inputs = describe_inputs(example_inputs)
             return found.to_dict()
 
@@ -207,11 +207,13 @@ def _device_speeds(plan_options: dict, known: dict | None, device: torch.device,
     from automap.planner.search import parameter_dtype
 
     given = {name: plan_options.pop(name, None) for name in FIELDS}
+    shared = plan_options.pop("shared_slowdown", None)
     known = dict(known or {})
     if any(given[n] is None and known.get(n) is None for n in FIELDS):
         measured = measure_concurrently(device, parameter_dtype(traced), cached=True)
         known = {n: known.get(n) or getattr(measured, n) for n in FIELDS}
-    return resolve_device_profile(**given, known=known)
+        known["shared_slowdown"] = measured.shared_slowdown
+    return resolve_device_profile(**given, shared_slowdown=shared, known=known)
 
 
 def _measured(meshes: list[DeviceMesh]) -> list[DeviceMesh]:

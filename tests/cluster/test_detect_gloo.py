@@ -163,3 +163,21 @@ def test_cli_sizes_and_launch_mode(tmp_path, capsys):
         parser.parse_args(["detect", "-o", "x", "--sizes", "8,lots"])
     assert args.run(args) == 2  # neither torchrun nor --local
     assert "torchrun" in capsys.readouterr().err
+
+
+def _measure_concurrently_on_rank(rank: int, world_size: int) -> dict:
+    from automap.cluster.device import measure_concurrently
+
+    return measure_concurrently("cpu").to_dict()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_every_rank_gets_one_profile_with_its_shared_slowdown():
+    from automap.cluster.device import SHARED_MIN_SLOWDOWN
+
+    results = run_on_gloo(_measure_concurrently_on_rank, 2, timeout_s=120)
+    assert results[0] == results[1]
+    # Alone over concurrent; noise below the threshold reads as a device each.
+    slowdown = results[0]["shared_slowdown"]
+    assert slowdown == 1.0 or slowdown >= SHARED_MIN_SLOWDOWN

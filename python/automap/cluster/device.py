@@ -15,6 +15,7 @@ the machine in training must measure at the same time (``measure_concurrently``,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -49,15 +50,24 @@ def check_positive(name: str, value: Any) -> float:
 @dataclass(frozen=True)
 class DeviceProfile:
     """Sustained FLOP/s, memory bandwidth (bytes/s) and the fixed time of one
-    kernel (seconds) of one device."""
+    kernel (seconds) of one device, as each rank sees them while every rank
+    computes. ``shared_slowdown``: how many times faster a rank computes alone
+    than while every rank does (its matmul rate alone over the concurrent
+    one; >= 1): ranks sharing cores or a device (four gloo ranks on two
+    cores), 1 where each rank has a device of its own. A pipeline's stages
+    idle in its bubbles, and the ranks that still compute then get the
+    share the idle ones leave (``planner/pipeline_partition.schedule_step_s``)."""
 
     flops_per_s: float
     memory_bandwidth_bytes_per_s: float
     op_overhead_s: float
+    shared_slowdown: float = 1.0
 
     def __post_init__(self) -> None:
         for name in FIELDS:
             object.__setattr__(self, name, check_positive(name, getattr(self, name)))
+        object.__setattr__(self, "shared_slowdown",
+                           max(1.0, check_positive("shared_slowdown", self.shared_slowdown)))
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -73,7 +83,8 @@ def slowest(profiles: Sequence[DeviceProfile]) -> DeviceProfile:
     synchronous step)."""
     return DeviceProfile(min(p.flops_per_s for p in profiles),
                          min(p.memory_bandwidth_bytes_per_s for p in profiles),
-                         max(p.op_overhead_s for p in profiles))
+                         max(p.op_overhead_s for p in profiles),
+                         max(p.shared_slowdown for p in profiles))
 
 
 def _median_s(fn: Callable[[], object], repeats: int, device: torch.device, warmup: int = 2,
@@ -147,9 +158,11 @@ def local_device_profile(device: str | torch.device | None = None,
 def measure_concurrently(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                          group: Any = None, cached: bool = False) -> DeviceProfile:
     """Every rank of the process ``group`` (collective) measures its device at
-    the same time, as they compute in training; every rank gets the slowest.
-    ``cached``: reuse this group's first measurement (every rank must ask
-    alike)."""
+    the same time, as they compute in training; every rank gets the slowest,
+    with ``shared_slowdown`` from the group's first rank measured alone just
+    before (its matmul rate over the slowest concurrent one; 1 below
+    ``SHARED_MIN_SLOWDOWN``). ``cached``: reuse this group's first
+    measurement (every rank must ask alike)."""
     import torch.distributed as dist
 
     device = torch.device(device)
@@ -157,25 +170,41 @@ def measure_concurrently(device: str | torch.device = "cpu", dtype: torch.dtype 
            tuple(dist.get_process_group_ranks(group or dist.group.WORLD)))
     if cached and key in _concurrent:
         return _concurrent[key]
-    dist.barrier(group=group, device_ids=[device.index] if device.type == "cuda" else None)
+    device_ids = [device.index] if device.type == "cuda" else None
+    # The group's first rank alone (the others wait), then every rank at once.
+    dist.barrier(group=group, device_ids=device_ids)
+    first = dist.get_process_group_ranks(group or dist.group.WORLD)[0]
+    alone = measure_device_profile(device, dtype) if dist.get_rank() == first else None
+    dist.barrier(group=group, device_ids=device_ids)
     mine = measure_device_profile(device, dtype)
     everyone: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, mine.to_dict(), group=group)
-    _concurrent[key] = slowest([DeviceProfile(**p) for p in everyone])
+    dist.all_gather_object(everyone, (mine.to_dict(), alone and alone.flops_per_s),
+                           group=group)
+    found = slowest([DeviceProfile(**p) for p, _ in everyone])
+    solo = max(f for _, f in everyone if f is not None) / found.flops_per_s
+    _concurrent[key] = dataclasses.replace(
+        found, shared_slowdown=solo if solo >= SHARED_MIN_SLOWDOWN else 1.0)
     return _concurrent[key]
 
 
 _concurrent: dict[tuple, DeviceProfile] = {}
 
+#: A rank alone faster than this many times its concurrent rate shares its
+#: compute; below, the difference is taken for noise between two measurements
+#: (ranks with a device each measure about 1).
+SHARED_MIN_SLOWDOWN = 1.2
+
 
 def resolve_device_profile(*, flops_per_s: float | None = None,
                            memory_bandwidth_bytes_per_s: float | None = None,
-                           op_overhead_s: float | None = None, known: dict | None = None,
+                           op_overhead_s: float | None = None,
+                           shared_slowdown: float | None = None, known: dict | None = None,
                            kind: str | None = None, dtype: torch.dtype = torch.float32
                            ) -> DeviceProfile:
     """The profile to plan with, field by field: the explicit argument, else
     ``known`` (a cluster's measured fields, None where unknown), else this
-    process's device measured at first use. ``kind`` is the planned devices'
+    process's device measured at first use (``shared_slowdown``: the
+    argument, else ``known``'s, else 1). ``kind`` is the planned devices'
     type: CUDA devices planned from a process without a GPU take
     ``GPU_FALLBACK`` (never a CPU's figures for a GPU, nor the reverse)."""
     given = {"flops_per_s": flops_per_s,
@@ -185,10 +214,11 @@ def resolve_device_profile(*, flops_per_s: float | None = None,
     for name in FIELDS:
         if name not in values and known and known.get(name) is not None:
             values[name] = check_positive(name, known[name])
+    shared = shared_slowdown or (known or {}).get("shared_slowdown") or 1.0
     if len(values) < len(FIELDS):
         if kind == "cuda" and not torch.cuda.is_available():
             fill = GPU_FALLBACK
         else:
             fill = local_device_profile("cpu" if kind == "cpu" else None, dtype).to_dict()
         values = {**fill, **values}
-    return DeviceProfile(**values)
+    return DeviceProfile(**{**values, "shared_slowdown": shared})

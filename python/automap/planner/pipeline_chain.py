@@ -15,8 +15,8 @@ from one traced block into the next.
 Per node the times follow ``automap.planner.step_time`` (the compute split by
 profiled FLOPs, the node's own collectives, the conversions into it), without
 the data-parallel gradient buckets: those gradients are all-reduced once per
-step, after the last microbatch (``sync_s``). Memory per node follows
-``automap.solve.memory.plan_memory``."""
+step, after the last microbatch (``Unit.sync``, bucketed per stage). Memory
+per node follows ``automap.solve.memory.plan_memory``."""
 
 from __future__ import annotations
 
@@ -42,7 +42,9 @@ class Unit:
     forward_s: float = 0.0
     backward_s: float = 0.0
     optimizer_s: float = 0.0  # once per step
-    sync_s: float = 0.0  # the deferred gradients' all-reduce, once per step
+    #: The deferred gradients it reads: key -> (mesh axes, local bytes); a
+    #: stage all-reduces them in buckets (``pipeline_partition.stage_tail_s``).
+    sync: dict = field(default_factory=dict)
     saved_bytes: float = 0.0  # kept from a microbatch's forward to its backward
     transient_bytes: float = 0.0  # the largest while one node runs
     #: Parameters, buffers and inputs it reads: key -> (bytes held the whole
@@ -174,5 +176,5 @@ def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
                 unit.optimizer_s += float(node.optimizer_s[c])
             if canonical in deferred:
                 axes, nbytes = deferred[canonical]
-                unit.sync_s += table.mesh.all_reduce_cost_s(nbytes, axes)
+                unit.sync[key] = (axes, nbytes)
     return Chain(order, units, grads)

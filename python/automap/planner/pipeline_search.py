@@ -33,7 +33,7 @@ from automap.errors import InfeasibleBudgetError, InvalidPipelineError
 from automap.generate.simulate import CATEGORIES
 from automap.planner.pipeline_chain import build_chain, cut_positions
 from automap.planner.pipeline_mesh import cut_mesh
-from automap.planner.pipeline_partition import Partition, best_partition
+from automap.planner.pipeline_partition import Partition, best_partition, price_bounds
 from automap.planner.pipeline_record import PipelineRecord, StageRecord
 from automap.planner.plan import Plan
 from automap.progress import stage as progress_stage
@@ -95,13 +95,14 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
                     plan_submesh: Callable, intra_op: Plan | None,
                     intra_op_error: InfeasibleBudgetError | None = None,
                     explicit: bool = False, simulate: Callable | None = None,
-                    headroom: float = 0.0) -> Plan:
+                    headroom: float = 0.0, shared_slowdown: float = 1.0) -> Plan:
     """The fastest plan over the stage ``counts`` (see the module docstring).
     ``traced``/``profile``: one microbatch; ``plan_submesh(submesh, budget)``
     returns the submesh's intra-op plan within ``budget`` and its strategy table; ``intra_op``: the
     whole batch's plan on the whole mesh (None: not searched or infeasible,
     ``intra_op_error`` says why). ``explicit``: the caller asked for exactly
-    these counts (too few units is then an ``InvalidPipelineError``)."""
+    these counts (too few units is then an ``InvalidPipelineError``).
+    ``shared_slowdown``: the device profile's (``pipeline_partition.schedule_step_s``)."""
     t0 = time.perf_counter()
     units = unit_count(traced, blocks, stacks)
     tried = [n for n in counts if n > 1]
@@ -135,7 +136,8 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
             split = None
             for v in virtual_counts(schedule, n, units):
                 one = best_partition(chain_n, stages, microbatches, schedule,
-                                     memory_budget_bytes, optimizer, virtual=v)
+                                     memory_budget_bytes, optimizer, virtual=v,
+                                     shared_slowdown=shared_slowdown)
                 if one is not None and (split is None or one.step_s < split.step_s):
                     split = one
             if split is not None and (found is None or split.step_s < found.step_s):
@@ -161,7 +163,7 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
             break
         plan, seen = _verified(sub_plan, partition, stages, chain, microbatches, schedule,
                                memory_budget_bytes, optimizer, intra_s, candidates, t0,
-                               simulate, headroom)
+                               simulate, headroom, shared_slowdown)
         if seen is not None:
             least_peak = seen if least_peak is None else min(least_peak, seen)
         if plan is not None and not (intra_s is not None and intra_s <= plan.predicted_step_s
@@ -188,7 +190,8 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
 
 def _verified(sub_plan: Plan, partition: Partition, stages, chain, microbatches: int,
               schedule: str, budget, optimizer, intra_s, candidates, t0: float,
-              simulate: Callable | None, headroom: float) -> tuple[Plan | None, float | None]:
+              simulate: Callable | None, headroom: float,
+              shared_slowdown: float = 1.0) -> tuple[Plan | None, float | None]:
     """The pipelined plan of ``partition`` with each stage's peak from its
     simulated step, re-partitioned against per-stage budgets corrected by
     simulated/modelled while a stage exceeds ``budget``: (the plan or None, the
@@ -219,7 +222,7 @@ def _verified(sub_plan: Plan, partition: Partition, stages, chain, microbatches:
                  "per-stage model budgets %s MiB", [round(p / 2**20, 1) for p in peaks],
                  [round(b / 2**20, 1) for b in budgets])
         split = best_partition(chain, stages, microbatches, schedule, budgets, optimizer,
-                               virtual=partition.virtual)
+                               virtual=partition.virtual, shared_slowdown=shared_slowdown)
         if split is None:
             break
         partition = split
@@ -288,3 +291,31 @@ def _pipelined(sub_plan: Plan, partition: Partition, stages, chain, microbatches
         step_time={**sub_plan.step_time, "pipeline_forward_s": forward,
                    "pipeline_backward_s": backward},
         solver=solver, pipeline=record)
+
+
+def reprice_pipeline(traced, profile, plan: Plan, device, optimizer: str = "adamw",
+                     mesh=None) -> Partition:
+    """The ``Partition`` of ``plan``'s stages (``plan.pipeline`` set; ``traced`` and
+    ``profile``: its one microbatch) priced on ``device`` and ``mesh`` (the whole
+    pipeline mesh, default the record's; same shape): the same submesh plan and
+    stage bounds under other speeds, as ``search.reprice`` does for an intra-op
+    plan."""
+    from automap.sharding.mesh import DeviceMesh
+    from automap.solve.blocks import detect_blocks
+    from automap.solve.strategies import build_strategy_table
+
+    record = plan.pipeline
+    if record is None:
+        raise InvalidPipelineError("reprice_pipeline needs a plan with pipeline stages")
+    stages = cut_mesh(mesh or DeviceMesh.from_dict(record.mesh), record.stage_count)
+    table = build_strategy_table(traced, profile, stages.submesh, device=device,
+                                 optimizer=optimizer)
+    chain = build_chain(traced, profile, table, choice_of_plan(table, plan),
+                        detect_blocks(traced), ())
+    start = {chain.order[u.first]: i for i, u in enumerate(chain.units)}
+    firsts = [start[s.first_node] for s in record.stages]
+    bounds = list(zip(firsts, [*firsts[1:], len(chain.units)]))
+    return price_bounds(chain, stages, bounds, [s.recompute for s in record.stages],
+                        record.microbatches, record.schedule,
+                        shared_slowdown=device.shared_slowdown,
+                        virtual=record.virtual_stages)

@@ -120,6 +120,7 @@ def plan(
     flops_per_s: float | None = None,
     memory_bandwidth_bytes_per_s: float | None = None,
     op_overhead_s: float | None = None,
+    shared_slowdown: float | None = None,
     strict: bool = False,
     time_limit_s: float = 60.0,
     merge_followers: bool = True,
@@ -180,7 +181,10 @@ def plan(
     ``automap.cluster.device``): each given one, else the cluster's measured
     profile, else this process's device measured at first use. Measurements
     differ between processes: plan on one rank and send the plan (as
-    ``autoparallelize`` does), or give every speed.
+    ``autoparallelize`` does), or give every speed. ``shared_slowdown``: how
+    many times faster a rank computes alone than with every rank computing
+    (``DeviceProfile.shared_slowdown``; ranks sharing cores; default 1, or what
+    ``autoparallelize`` measured): a pipeline's ranks then speed up in its bubbles.
 
     Progress (each stage, each ILP solve with its objective and gap) is
     logged on the ``automap`` logger; ``verbose=True`` shows it on stderr
@@ -205,7 +209,8 @@ def plan(
         profile = profile_traced(traced, optimizer)
     device = resolve_device_profile(
         flops_per_s=flops_per_s, memory_bandwidth_bytes_per_s=memory_bandwidth_bytes_per_s,
-        op_overhead_s=op_overhead_s, known=known, kind=(known or {}).get("kind"),
+        op_overhead_s=op_overhead_s, shared_slowdown=shared_slowdown, known=known,
+        kind=(known or {}).get("kind"),
         dtype=parameter_dtype(traced))
     t1 = time.perf_counter()
     log.debug("traced and profiled %d nodes in %.2f s", len(traced.nodes), t1 - t0)
@@ -270,7 +275,8 @@ def _plan_pipelined(model, example_inputs, mesh, memory_budget_bytes, counts, mi
                            stacks=stacks, plan_submesh=plan_submesh, intra_op=intra_op,
                            intra_op_error=intra_op_error, explicit=explicit,
                            simulate=simulate if verify and not stacks else None,
-                           headroom=max(HEADROOM, STAGE_HEADROOM))
+                           headroom=max(HEADROOM, STAGE_HEADROOM),
+                           shared_slowdown=options["device"].shared_slowdown)
 
 
 def parameter_dtype(traced) -> torch.dtype:
