@@ -24,24 +24,12 @@ from automap.planner.pipeline_mesh import cut_mesh
 from automap.planner.pipeline_partition import best_partition, schedule_step_s
 from automap.planner.plan import Plan
 from automap.planner.validate import content_fingerprint
+from pipeline_plans import DeepMLP, mean_square_loss
 
 SPEEDS = dict(flops_per_s=1e10, memory_bandwidth_bytes_per_s=1e11, op_overhead_s=1e-7)
 ALPHA_S, BANDWIDTH = 1e-3, 1e6
 
 
-class DeepMLP(nn.Module):
-    def __init__(self, width: int = 256, layers: int = 4) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = torch.relu(layer(x))
-        return x
-
-
-def _loss(out: torch.Tensor) -> torch.Tensor:
-    return out.pow(2).mean()
 
 
 def _chain(times, saved, state, out_bytes: float = 1e3) -> Chain:
@@ -143,7 +131,7 @@ def test_microbatches_torch_cannot_interleave_are_refused_before_tracing():
         x = torch.randn(10, 4)
     # 5 microbatches on 2 stages: torch's 2 rounds do not divide them.
     with pytest.raises(InvalidPipelineError, match="cannot run 5 microbatches on 2 stages"):
-        automap.plan(_Untraceable(), (x,), DeviceMesh((4,)), loss_fn=_loss, pipeline=2,
+        automap.plan(_Untraceable(), (x,), DeviceMesh((4,)), loss_fn=mean_square_loss, pipeline=2,
                      microbatches=5, schedule="interleaved", **SPEEDS)
 
 
@@ -152,15 +140,15 @@ def test_too_few_units_for_the_chunks_is_refused():
         model, x = nn.Linear(16, 16), torch.randn(8, 16)
     # Three units (the linear and the loss's two ops): fewer than 2 stages x 2 chunks.
     with pytest.raises(InvalidPipelineError, match="interleaved 1F1B needs at least 2"):
-        automap.plan(model, (x,), DeviceMesh((4,)), loss_fn=_loss, pipeline=2,
+        automap.plan(model, (x,), DeviceMesh((4,)), loss_fn=mean_square_loss, pipeline=2,
                      microbatches=2, schedule="interleaved", **SPEEDS)
 
 
 @pytest.fixture(scope="module")
 def interleaved_plan():
     with torch.device("meta"):
-        model, x = DeepMLP(), torch.randn(256, 256)
-    options = dict(loss_fn=_loss, pipeline=2, microbatches=4, **SPEEDS)
+        model, x = DeepMLP(256), torch.randn(256, 256)
+    options = dict(loss_fn=mean_square_loss, pipeline=2, microbatches=4, **SPEEDS)
     plan = automap.plan(model, (x,), DeviceMesh((4,)), schedule="interleaved", **options)
     plain = automap.plan(model, (x,), DeviceMesh((4,)), schedule="1f1b", **options)
     return model, (x,), plan, plain
@@ -188,7 +176,7 @@ def test_interleaved_rank_peaks_are_the_simulated_steps(interleaved_plan):
 
     model, inputs, plan, _ = interleaved_plan
     assert plan.solver["simulated"]
-    traced = trace(model, first_microbatch(inputs, 4), loss_fn=_loss)
+    traced = trace(model, first_microbatch(inputs, 4), loss_fn=mean_square_loss)
     pipe = plan.pipeline
     for r in range(pipe.stage_count):
         peak = simulate_stage(traced, plan, r).peak_bytes

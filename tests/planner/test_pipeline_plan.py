@@ -22,25 +22,11 @@ from automap.planner.pipeline_mesh import cut_mesh, stage_counts
 from automap.planner.pipeline_partition import best_partition, in_flight
 from automap.planner.plan import Plan
 from automap.planner.validate import content_fingerprint
+from pipeline_plans import DeepMLP, mean_square_loss
 
 SPEEDS = dict(flops_per_s=1e10, memory_bandwidth_bytes_per_s=1e11, op_overhead_s=1e-7)
 
 
-class DeepMLP(nn.Module):
-    """Wide layers, small activations: gradients weigh more than activations."""
-
-    def __init__(self, width: int = 1024, layers: int = 4) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = torch.relu(layer(x))
-        return x
-
-
-def _loss(out: torch.Tensor) -> torch.Tensor:
-    return out.pow(2).mean()
 
 
 def _mlp(width: int = 1024, batch: int = 8):
@@ -84,7 +70,7 @@ def test_bad_pipeline_arguments_are_refused_before_tracing(options, match):
     with torch.device("meta"):
         x = torch.randn(8, 4)
     with pytest.raises(InvalidPipelineError, match=match):
-        automap.plan(_Untraceable(), (x,), DeviceMesh((4,)), loss_fn=_loss, **SPEEDS,
+        automap.plan(_Untraceable(), (x,), DeviceMesh((4,)), loss_fn=mean_square_loss, **SPEEDS,
                      **options)
 
 
@@ -92,13 +78,13 @@ def test_more_stages_than_layers_is_refused():
     with torch.device("meta"):
         model, x = nn.Linear(16, 16), torch.randn(8, 16)
     with pytest.raises(InvalidPipelineError, match="splits into at most"):
-        automap.plan(model, (x,), DeviceMesh((8,)), loss_fn=_loss, pipeline=8, **SPEEDS)
+        automap.plan(model, (x,), DeviceMesh((8,)), loss_fn=mean_square_loss, pipeline=8, **SPEEDS)
 
 
 def test_a_pipeline_over_the_budget_is_refused():
     model, inputs = _mlp(256)
     with pytest.raises(automap.InfeasibleBudgetError, match="no pipeline of"):
-        automap.plan(model, inputs, DeviceMesh((4,)), 1e4, loss_fn=_loss, pipeline=2,
+        automap.plan(model, inputs, DeviceMesh((4,)), 1e4, loss_fn=mean_square_loss, pipeline=2,
                      **SPEEDS)
 
 
@@ -119,13 +105,13 @@ def test_mesh_cuts():
 def test_mlp_on_four_devices_in_two_stages():
     model, inputs = _mlp(256, batch=1024)
     mesh = DeviceMesh((4,))
-    plan = automap.plan(model, inputs, mesh, loss_fn=_loss, pipeline=2, microbatches=4,
+    plan = automap.plan(model, inputs, mesh, loss_fn=mean_square_loss, pipeline=2, microbatches=4,
                         **SPEEDS)
     _check_stages(plan, 2, mesh)
     assert plan.pipeline.microbatches == 4 and plan.pipeline.schedule == "1f1b"
     assert plan.pipeline.intra_op_step_s is None  # an explicit count: not compared
     # Under GPipe stage 0 keeps all 4 microbatches' activations, under 1F1B 2.
-    gpipe = automap.plan(model, inputs, mesh, loss_fn=_loss, pipeline=2, microbatches=4,
+    gpipe = automap.plan(model, inputs, mesh, loss_fn=mean_square_loss, pipeline=2, microbatches=4,
                          schedule="gpipe", **SPEEDS)
     assert gpipe.pipeline.schedule == "gpipe"
     assert gpipe.pipeline.stages[0].predicted_peak_memory_bytes > \
@@ -154,8 +140,8 @@ def test_gpt2_in_two_stages_with_tied_weights(gpt2_plan):
 def test_pipeline_off_is_todays_plan():
     model, inputs = _mlp(64)
     mesh = DeviceMesh((2,))
-    today = automap.plan(model, inputs, mesh, loss_fn=_loss, **SPEEDS)
-    off = automap.plan(model, inputs, mesh, loss_fn=_loss, pipeline="off", **SPEEDS)
+    today = automap.plan(model, inputs, mesh, loss_fn=mean_square_loss, **SPEEDS)
+    off = automap.plan(model, inputs, mesh, loss_fn=mean_square_loss, pipeline="off", **SPEEDS)
     assert off.pipeline is None
     assert off.predicted_step_s == today.predicted_step_s
     assert [vars(n) for n in off.nodes.values()] == [vars(n) for n in today.nodes.values()]
@@ -166,7 +152,7 @@ def test_auto_pipelines_across_a_slow_link_only():
     chosen = {}
     for bandwidth in (1e7, 1e13):
         mesh = DeviceMesh((2, 2), alpha_s=[1e-5, 1e-6], bandwidth_bytes_per_s=[bandwidth, 1e11])
-        plan = automap.plan(model, inputs, mesh, loss_fn=_loss, pipeline="auto",
+        plan = automap.plan(model, inputs, mesh, loss_fn=mean_square_loss, pipeline="auto",
                             microbatches=4, **SPEEDS)
         tried = {c["stages"] for c in plan.solver["pipeline_candidates"]}
         assert tried == {2, 4}
@@ -302,7 +288,7 @@ def test_schedule_orders():
 @pytest.fixture(scope="module")
 def simulated_pipeline():
     model, inputs = _mlp(256, batch=256)
-    plan = automap.plan(model, inputs, DeviceMesh((4,)), loss_fn=_loss, pipeline=2,
+    plan = automap.plan(model, inputs, DeviceMesh((4,)), loss_fn=mean_square_loss, pipeline=2,
                         microbatches=4, schedule="gpipe", **SPEEDS)
     return model, inputs, plan
 
@@ -314,7 +300,7 @@ def test_stage_peaks_are_the_simulated_steps(simulated_pipeline):
 
     model, inputs, plan = simulated_pipeline
     assert plan.solver["simulated"] and plan.solver["pipeline_verify_rounds"] == 1
-    traced = trace(model, first_microbatch(inputs, 4), loss_fn=_loss)
+    traced = trace(model, first_microbatch(inputs, 4), loss_fn=mean_square_loss)
     stages = plan.pipeline.stages
     for stage in stages:
         assert stage.modelled_peak_memory_bytes is not None
@@ -324,7 +310,7 @@ def test_stage_peaks_are_the_simulated_steps(simulated_pipeline):
                                                    for s in stages)
     assert "simulated" in plan.memory_breakdown_at
     assert Plan.from_dict(plan.to_dict()).pipeline == plan.pipeline
-    unverified = automap.plan(model, inputs, DeviceMesh((4,)), loss_fn=_loss, pipeline=2,
+    unverified = automap.plan(model, inputs, DeviceMesh((4,)), loss_fn=mean_square_loss, pipeline=2,
                               microbatches=4, schedule="gpipe", verify=False, **SPEEDS)
     assert all(s.modelled_peak_memory_bytes is None for s in unverified.pipeline.stages)
 
@@ -335,7 +321,7 @@ def test_a_budget_below_the_simulated_peak_is_planned_again_or_named(simulated_p
     which it does."""
     model, inputs, plan = simulated_pipeline
     budget = 0.97 * plan.predicted_peak_memory_bytes
-    options = dict(loss_fn=_loss, pipeline=2, microbatches=4, schedule="gpipe", **SPEEDS)
+    options = dict(loss_fn=mean_square_loss, pipeline=2, microbatches=4, schedule="gpipe", **SPEEDS)
     try:
         fitted = automap.plan(model, inputs, DeviceMesh((4,)), budget, **options)
     except automap.InfeasibleBudgetError as err:

@@ -15,6 +15,23 @@ from automap.planner.pipeline_record import PipelineRecord, StageRecord
 from automap.planner.plan import Plan
 
 
+class DeepMLP(nn.Module):
+    """Wide layers, small activations: gradients weigh more than activations."""
+
+    def __init__(self, width: int = 1024, layers: int = 4) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def mean_square_loss(out: torch.Tensor) -> torch.Tensor:
+    return out.pow(2).mean()
+
+
 class PipeMLP(nn.Module):
     """An MLP of four linears that computes its own loss from the targets (a
     pipelined loss must be part of the graph: the targets travel with the batch)."""
