@@ -7,7 +7,6 @@ tensors, no process group."""
 
 from __future__ import annotations
 
-import copy
 import itertools
 
 import numpy as np
@@ -23,8 +22,7 @@ from automap.planner.pipeline_chain import Chain, Unit
 from automap.planner.pipeline_mesh import cut_mesh
 from automap.planner.pipeline_partition import best_partition, schedule_step_s
 from automap.planner.plan import Plan
-from automap.planner.validate import content_fingerprint
-from pipeline_plans import DeepMLP, mean_square_loss
+from pipeline_plans import DeepMLP, forged_pipeline, mean_square_loss
 
 SPEEDS = dict(flops_per_s=1e10, memory_bandwidth_bytes_per_s=1e11, op_overhead_s=1e-7)
 ALPHA_S, BANDWIDTH = 1e-3, 1e6
@@ -186,12 +184,6 @@ def test_interleaved_rank_peaks_are_the_simulated_steps(interleaved_plan):
                                                    for s in pipe.stages)
 
 
-def _forged(plan: Plan, edit) -> dict:
-    data = copy.deepcopy(plan.to_dict())
-    edit(data["pipeline"])
-    data["content_fingerprint"] = content_fingerprint(data)
-    return data
-
 
 @pytest.mark.parametrize("edit, field", [
     (lambda p: p.update(virtual_stages=3), "pipeline.virtual_stages"),
@@ -202,4 +194,4 @@ def _forged(plan: Plan, edit) -> dict:
 def test_a_bad_interleaved_record_is_refused(interleaved_plan, edit, field):
     _, _, plan, _ = interleaved_plan
     with pytest.raises(InvalidPlanError, match=field):
-        Plan.from_dict(_forged(plan, edit))
+        Plan.from_dict(forged_pipeline(plan, edit))

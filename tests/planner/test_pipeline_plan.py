@@ -6,7 +6,6 @@ no process group."""
 
 from __future__ import annotations
 
-import copy
 import itertools
 
 import numpy as np
@@ -21,8 +20,7 @@ from automap.planner.pipeline_chain import Chain, Unit
 from automap.planner.pipeline_mesh import cut_mesh, stage_counts
 from automap.planner.pipeline_partition import best_partition, in_flight
 from automap.planner.plan import Plan
-from automap.planner.validate import content_fingerprint
-from pipeline_plans import DeepMLP, mean_square_loss
+from pipeline_plans import DeepMLP, forged_pipeline, mean_square_loss
 
 SPEEDS = dict(flops_per_s=1e10, memory_bandwidth_bytes_per_s=1e11, op_overhead_s=1e-7)
 
@@ -177,12 +175,6 @@ def test_json_round_trip_and_explain(gpt2_plan, tmp_path):
     assert "forward ms" in text and "backward ms" in text
 
 
-def _forged(plan: Plan, edit) -> dict:
-    data = copy.deepcopy(plan.to_dict())
-    edit(data["pipeline"])
-    data["content_fingerprint"] = content_fingerprint(data)
-    return data
-
 
 @pytest.mark.parametrize("edit, field", [
     (lambda p: p["stages"][1].update(ranks=[1, 3]), r"pipeline.stages\[1\].ranks"),
@@ -199,7 +191,7 @@ def _forged(plan: Plan, edit) -> dict:
 def test_a_bad_pipeline_record_is_refused(gpt2_plan, edit, field):
     plan, _ = gpt2_plan
     with pytest.raises(InvalidPlanError, match=field):
-        Plan.from_dict(_forged(plan, edit))
+        Plan.from_dict(forged_pipeline(plan, edit))
 
 
 def _chain(times, saved, state) -> Chain:

@@ -6,6 +6,8 @@ the runtime on cuts the tests choose."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -13,6 +15,7 @@ from torch import nn
 from automap import DeviceMesh
 from automap.planner.pipeline_record import PipelineRecord, StageRecord
 from automap.planner.plan import Plan
+from automap.planner.validate import content_fingerprint
 
 
 class DeepMLP(nn.Module):
@@ -30,6 +33,15 @@ class DeepMLP(nn.Module):
 
 def mean_square_loss(out: torch.Tensor) -> torch.Tensor:
     return out.pow(2).mean()
+
+
+def forged_pipeline(plan: Plan, edit) -> dict:
+    """``plan``'s JSON with ``edit`` applied to its pipeline record and the content
+    fingerprint made to match: only validation can refuse it."""
+    data = copy.deepcopy(plan.to_dict())
+    edit(data["pipeline"])
+    data["content_fingerprint"] = content_fingerprint(data)
+    return data
 
 
 class PipeMLP(nn.Module):
