@@ -4,7 +4,8 @@ and 1F1B (and interleaved 1F1B: every rank's chunks together), 4
 microbatches, under budgets that bind (the model's first plan
 exceeds them in its simulated step, so the planner re-partitions). Every
 rank's measured peak (the trust bench's method: the CPU allocator's running
-total around one steady-state AdamW step; the smaller of two runs) is within
+total around one steady-state AdamW step; where a rank is off, the smaller
+of two runs) is within
 the budget and within 5 % of its stage's predicted (simulated) peak."""
 
 from __future__ import annotations
@@ -49,7 +50,15 @@ def test_measured_stage_peaks_fit_the_budget_and_the_prediction():
     with tempfile.TemporaryDirectory() as folder:
         planned = _plans(folder)
         jobs = [("gpt2", path) for path, _, _ in planned]
-        runs = [run_on_gloo(measure_plans, 4, jobs, timeout_s=250) for _ in range(2)]
+        runs = [run_on_gloo(measure_plans, 4, jobs, timeout_s=250)]
+        failures = _failures(planned, runs)
+        if failures:  # a late free now and then: a rank's peak is the smaller of two runs
+            runs.append(run_on_gloo(measure_plans, 4, jobs, timeout_s=250))
+            failures = _failures(planned, runs)
+    assert not failures, "\n".join(failures)
+
+
+def _failures(planned, runs) -> list[str]:
     failures = []
     for path, plan, budget in planned:
         record = plan.pipeline
@@ -68,4 +77,4 @@ def test_measured_stage_peaks_fit_the_budget_and_the_prediction():
             if abs(error) > MAX_ERROR:
                 failures.append(f"{label}: measured {peak / MIB:.1f} MiB, predicted "
                                 f"{stage.predicted_peak_memory_bytes / MIB:.1f} ({error:+.1%})")
-    assert not failures, "\n".join(failures)
+    return failures
