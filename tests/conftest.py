@@ -2,6 +2,8 @@ import os
 import sys
 import tempfile
 
+import pytest
+
 here = os.path.dirname(__file__)
 # Helpers shared by the stage folders (models, forced plans, the serial side of
 # parity tests) are imported by module name, also by spawned gloo workers
@@ -19,14 +21,17 @@ os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
                       os.path.join(tempfile.gettempdir(), "automap-hypothesis"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist names the groups
 def pytest_collection_modifyitems(config, items):
     """Every multi-process test sets its own pytest-timeout (a hang then fails in
-    minutes with the test's name, instead of holding the whole suite)."""
-    missing = [item.nodeid for item in items
-               if item.get_closest_marker("multiprocess") is not None
-               and item.get_closest_marker("timeout") is None]
+    minutes with the test's name, instead of holding the whole suite), and all of
+    them form one xdist group: under ``-n 2 --dist loadgroup`` they run one after
+    another on one worker while the other worker takes the single-process tests
+    (two gloo process groups at once would oversubscribe a 2-core machine)."""
+    multiprocess = [item for item in items if item.get_closest_marker("multiprocess")]
+    missing = [item.nodeid for item in multiprocess if item.get_closest_marker("timeout") is None]
     if missing:
-        import pytest
-
         raise pytest.UsageError("multiprocess tests without @pytest.mark.timeout: "
                                 + ", ".join(missing))
+    for item in multiprocess:
+        item.add_marker(pytest.mark.xdist_group("gloo"))
