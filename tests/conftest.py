@@ -4,6 +4,8 @@ import tempfile
 
 import pytest
 
+from automap.launch import preload
+
 here = os.path.dirname(__file__)
 # Helpers shared by the stage folders (models, forced plans, the serial side of
 # parity tests) are imported by module name, also by spawned gloo workers
@@ -15,6 +17,9 @@ sys.path.insert(0, os.path.join(here, "support"))
 sys.path.insert(1, os.path.join(here, "..", "benches"))
 sys.path.insert(2, os.path.join(here, "..", "examples"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Gloo ranks fork from a server that has imported these once (automap.launch);
+# most rank functions build a transformers or torchvision model.
+preload("transformers", "transformers.models.gpt2.modeling_gpt2", "torchvision.models")
 # Hypothesis keeps its files outside the repository (the property tests' child
 # processes inherit this).
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
