@@ -51,7 +51,7 @@ def autoparallelize(
     setup_timeout_s: float = DEFAULT_SETUP_TIMEOUT_S,
     mixed_precision: MixedPrecision | str | None = None,
     pipeline: str | int = "off",
-    microbatches: int = 1,
+    microbatches: int | str = 1,
     schedule: str = "1f1b",
     **plan_options: Any,
 ) -> ParallelModule | PipelineModule:

@@ -31,8 +31,8 @@ from automap.planner.checks import (
     check_pipeline,
     check_time_limit,
 )
-from automap.planner.microbatch import example_batch, microbatch_inputs
-from automap.planner.pipeline_search import STAGE_HEADROOM, search_pipeline
+from automap.planner.microbatch import example_batch, microbatch_counts, microbatch_inputs
+from automap.planner.pipeline_search import STAGE_HEADROOM, Microbatched, search_pipeline
 from automap.planner.plan import EdgePlan, NodePlan, Plan, current_versions, graph_fingerprint
 from automap.planner.plan import format_bytes as _size
 from automap.planner.step_time import shared_gradient_savings, step_time
@@ -133,7 +133,7 @@ def plan(
     mixed_precision: MixedPrecision | str | None = None,
     reduce_formulation: bool = False,
     pipeline: str | int = "off",
-    microbatches: int = 1,
+    microbatches: int | str = 1,
     schedule: str = "1f1b",
     verbose: bool = False,
 ) -> Plan:
@@ -171,6 +171,10 @@ def plan(
     ``"gpipe"`` or ``"interleaved"``: ``n * v`` chunks, chunk ``j`` on stage
     ``j mod n``, ``v`` chosen by the search) within the budget per stage
     (``automap.planner.pipeline_search``); the plan's ``pipeline`` records the stages.
+    ``microbatches="auto"``: the search also chooses the count, per stage count
+    ``n`` among the divisors of the batch from ``n`` to ``4 n``
+    (``automap.planner.microbatch.microbatch_counts``), each priced on its own
+    one-microbatch trace; the record says which (``plan.pipeline.microbatches``).
 
     ``verify``: run one training step of the generated program on fake tensors
     (``automap.generate.simulate``) and report its peak memory; within a budget,
@@ -243,38 +247,55 @@ def _plan_pipelined(model, example_inputs, mesh, memory_budget_bytes, counts, mi
                     schedule, loss_fn, mixed_precision, reduce_depth, intra_op,
                     intra_op_error, explicit, verify: bool = True, **options) -> Plan:
     """The stage search of ``automap.planner.pipeline_search`` on one
-    microbatch of ``example_inputs``; ``verify``: the chosen pipeline's stages
-    are simulated (``simulate_pipeline``; not for depth-reduced plans, which are
-    not generated)."""
+    microbatch of ``example_inputs`` (``microbatches="auto"``: one trace per
+    count of microbatches tried, ``microbatch.microbatch_counts``); ``verify``:
+    the chosen pipeline's stages are simulated (``simulate_pipeline``; not for
+    depth-reduced plans, which are not generated)."""
     from automap.trace.profiling import profile_traced
     from automap.trace.tracing import trace
 
-    t0 = time.perf_counter()
-    depth: contextlib.AbstractContextManager[list] = (
-        reduced_depth(model) if reduce_depth else contextlib.nullcontext([]))
-    with depth as stacks:
-        traced = trace(model, microbatch_inputs(example_inputs, microbatches), loss_fn=loss_fn,
-                       mixed_precision=mixed_precision)
-        profile = profile_traced(traced, options["optimizer"])
-    trace_s = time.perf_counter() - t0
-
-    def plan_submesh(submesh: DeviceMesh, budget: float | None):
-        tables: list = []
-        found = plan_traced(traced, profile, submesh, budget, trace_s=trace_s,
-                            checkpointing="off", verify=False, tables=tables, **options)
-        return found, tables[-1]
-
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    traces: dict[int, Microbatched] = {}
+    reduced: list = []
 
-    def simulate(found: Plan, k: int):
-        return simulate_stage(traced, found, k, optimizer=options["optimizer"], backend=backend)
+    def prepare(m: int) -> Microbatched:
+        if m in traces:
+            return traces[m]
+        t0 = time.perf_counter()
+        depth: contextlib.AbstractContextManager[list] = (
+            reduced_depth(model) if reduce_depth else contextlib.nullcontext([]))
+        with depth as stacks:
+            traced = trace(model, microbatch_inputs(example_inputs, m), loss_fn=loss_fn,
+                           mixed_precision=mixed_precision)
+            profile = profile_traced(traced, options["optimizer"])
+        reduced[:] = stacks
+        trace_s = time.perf_counter() - t0
 
-    return search_pipeline(traced, profile, mesh, memory_budget_bytes, counts,
-                           microbatches=microbatches, schedule=schedule,
-                           optimizer=options["optimizer"], blocks=detect_blocks(traced),
-                           stacks=stacks, plan_submesh=plan_submesh, intra_op=intra_op,
-                           intra_op_error=intra_op_error, explicit=explicit,
-                           simulate=simulate if verify and not stacks else None,
+        def plan_submesh(submesh: DeviceMesh, budget: float | None):
+            tables: list = []
+            found = plan_traced(traced, profile, submesh, budget, trace_s=trace_s,
+                                checkpointing="off", verify=False, tables=tables, **options)
+            return found, tables[-1]
+
+        def simulate(found: Plan, k: int):
+            return simulate_stage(traced, found, k, optimizer=options["optimizer"],
+                                  backend=backend)
+
+        traces[m] = Microbatched(traced, profile, detect_blocks(traced), plan_submesh,
+                                 simulate if verify and not stacks else None)
+        return traces[m]
+
+    batch = example_batch(example_inputs)
+
+    def options_of(n: int) -> list[int]:
+        if microbatches == "auto":  # check_pipeline refused "auto" without a batch
+            return microbatch_counts(batch, n, schedule)
+        return [microbatches]
+
+    # ``reduced`` is filled by the first ``prepare``, before the search reads it.
+    return search_pipeline(prepare, mesh, memory_budget_bytes, counts, microbatches=options_of,
+                           schedule=schedule, optimizer=options["optimizer"], stacks=reduced,
+                           intra_op=intra_op, intra_op_error=intra_op_error, explicit=explicit,
                            headroom=max(HEADROOM, STAGE_HEADROOM),
                            shared_slowdown=options["device"].shared_slowdown)
 
