@@ -5,6 +5,7 @@ no process group."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -116,5 +117,46 @@ def test_auto_microbatches_end_to_end(op_overhead_s, expected):
     assert plan.pipeline.microbatches == expected
     tried = {c["microbatches"] for c in plan.solver["pipeline_candidates"]}
     assert tried == {2, 4, 8}
-    again = automap.Plan.from_json(plan.to_json())
+    again = automap.Plan.from_dict(plan.to_dict())
     assert again.pipeline.microbatches == expected
+
+
+def test_once_per_step_costs_are_shared_by_the_microbatches():
+    """A stage's submesh plan is chosen on a table whose parameter gradient
+    all-reduces and optimizer steps (once per step) cost 1/M, its
+    per-microbatch costs in full."""
+    from automap.planner.per_microbatch import per_microbatch_table
+    from automap.solve.strategies import ShardCounts, build_strategy_table
+    from automap.trace.profiling import profile_traced
+    from automap.trace.tracing import trace
+
+    with torch.device("meta"):
+        model, x = DeepMLP(64, 2), torch.randn(8, 64)
+    traced = trace(model, (x,), loss_fn=mean_square_loss)
+    mesh = DeviceMesh((2,), alpha_s=1e-5, bandwidth_bytes_per_s=1e9)
+    table = build_strategy_table(traced, profile_traced(traced, "adamw"), mesh,
+                                 flops_per_s=1e10, memory_bandwidth_bytes_per_s=1e11,
+                                 op_overhead_s=1e-7)
+    assert per_microbatch_table(table, 1) is table
+    shared = per_microbatch_table(table, 4)
+    shard_count = ShardCounts(mesh)
+    reduced = 0
+    for name, node in table.nodes.items():
+        other = shared.nodes[name]
+        assert other.in_specs == node.in_specs
+        assert (np.array_equal(other.compute_s, node.compute_s)
+                and np.array_equal(other.forward_comm_s, node.forward_comm_s))
+        if node.optimizer_s is not None:
+            assert np.allclose(other.optimizer_s, node.optimizer_s / 4)
+        for s in range(len(node)):
+            once = 0.0
+            for k, axes in enumerate(node.reductions[s][2] if node.reductions else []):
+                producer, o = node.inputs[k]
+                if axes and table.nodes[producer].kind == "parameter":
+                    local = table.nodes[producer].outputs[o].nbytes / shard_count(
+                        node.in_specs[s][k])
+                    once += mesh.all_reduce_cost_s(local, tuple(axes))
+            reduced += once > 0
+            assert other.backward_comm_s[s] == pytest.approx(
+                node.backward_comm_s[s] - 0.75 * once)
+    assert reduced > 0  # data-parallel strategies of both linears

@@ -32,6 +32,7 @@ from automap.planner.checks import (
     check_time_limit,
 )
 from automap.planner.microbatch import example_batch, microbatch_counts, microbatch_inputs
+from automap.planner.per_microbatch import per_microbatch_table
 from automap.planner.pipeline_search import STAGE_HEADROOM, Microbatched, search_pipeline
 from automap.planner.plan import EdgePlan, NodePlan, Plan, current_versions, graph_fingerprint
 from automap.planner.plan import format_bytes as _size
@@ -274,7 +275,8 @@ def _plan_pipelined(model, example_inputs, mesh, memory_budget_bytes, counts, mi
         def plan_submesh(submesh: DeviceMesh, budget: float | None):
             tables: list = []
             found = plan_traced(traced, profile, submesh, budget, trace_s=trace_s,
-                                checkpointing="off", verify=False, tables=tables, **options)
+                                checkpointing="off", verify=False, tables=tables,
+                                microbatches=m, **options)
             return found, tables[-1]
 
         def simulate(found: Plan, k: int):
@@ -322,14 +324,18 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 strategy_filter=None, trace_s=0.0, verbose=False, checkpointing="auto",
                 ladder_alpha=LADDER_ALPHA, ladder_steps=LADDER_STEPS, verify=True,
                 backend=None, exact_columns=EXACT_COLUMNS, reduce_formulation=False,
-                tables: list | None = None) -> Plan:
+                tables: list | None = None, microbatches: int = 1) -> Plan:
     """``plan`` for an already traced and profiled graph, priced on ``device``
     (default: the given speeds, the rest measured on this process's device).
     ``exact_columns``: ILPs up to this many columns are solved exactly under
     a budget (branch and bound), larger ones by LP dives (see
     ``automap.solve.ilp.ShardingIlp``); ``math.inf``: always exactly.
     ``tables``: when given, the strategy table is appended to it (the
-    pipeline search prices stages from it)."""
+    pipeline search prices stages from it). ``microbatches``: the plan runs
+    that many microbatches per step (a pipeline stage's submesh plan): the ILP
+    prices the parameters' gradient all-reduces and optimizer steps, which run
+    once per step, at ``1 / microbatches`` (``per_microbatch.per_microbatch_table``);
+    the plan's reported times are one microbatch's, all terms in full."""
     memory_budget_bytes = check_budget(memory_budget_bytes)
     optimizer = check_optimizer(optimizer)
     flops_per_s = check_flops(flops_per_s)
@@ -357,8 +363,10 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     repeats = instance_repeats(blocks, list(stacks)) if stacks else None
     line = timeline(table)
 
+    ilp_table = per_microbatch_table(table, microbatches)
+
     def make_ilp() -> ShardingIlp:
-        return ShardingIlp(table, time_limit_s=time_limit_s, mip_rel_gap=MIP_REL_GAP,
+        return ShardingIlp(ilp_table, time_limit_s=time_limit_s, mip_rel_gap=MIP_REL_GAP,
                            merge_followers=merge_followers,
                            blocks=blocks, node_weight=node_weight, edge_weight=edge_weight,
                            optimizer=optimizer, exact_columns=exact_columns,
