@@ -81,10 +81,10 @@ def test_interleaved_partition_is_optimal_against_brute_force(seed):
     k, n, v = 8, 2, 2
     m = int(rng.choice([2, 4]))
     times, saved, state = rng.uniform(0.1, 1, k), rng.uniform(0, 10, k), rng.uniform(0, 10, k)
-    budget = float(rng.uniform(20, 60))
+    budget = float(rng.uniform(40, 100))  # most seeds fit, some tightly
     stages = cut_mesh(DeviceMesh((n,), alpha_s=ALPHA_S, bandwidth_bytes_per_s=BANDWIDTH), n)
-    found = best_partition(_chain(times, saved, state), stages, m, "interleaved", budget,
-                           recompute=False, virtual=v)
+    found = best_partition(_chain(times, saved, state, out_bytes=1.0), stages, m,
+                           "interleaved", budget, recompute=False, virtual=v)
     flight = in_flight_counts("interleaved", m, n, v)
     chunks = n * v
     # Each chunk within its share of its rank's budget: equal, or weighted by
@@ -96,9 +96,10 @@ def test_interleaved_partition_is_optimal_against_brute_force(seed):
         bounds = list(zip((0, *cuts), (*cuts, k)))
         t = []
         for j, (a, b) in enumerate(bounds):
-            send = (ALPHA_S + 1e3 / BANDWIDTH) * ((j < chunks - 1) + (j > 0))
+            send = (ALPHA_S + 1.0 / BANDWIDTH) * ((j < chunks - 1) + (j > 0))
             t.append(times[a:b].sum() + send)
-        peaks = [state[a:b].sum() + flight[j] * saved[a:b].sum()
+        # Chunks after the first hold their M input gradients' sends until the end.
+        peaks = [state[a:b].sum() + flight[j] * saved[a:b].sum() + (j > 0) * m * 1.0
                  for j, (a, b) in enumerate(bounds)]
         if any(all(p <= budget * share[j] for j, p in enumerate(peaks)) for share in shares):
             best = min(best, sum(t) / v + (m * v - 1) * max(t))

@@ -200,13 +200,19 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
             t = t + np.concatenate([[0.0], send_bwd[k - 1]])[:, None]
         flight = flights[k]
         optimizer_step = ranges.state + factor * ranges.largest
-        peak = np.maximum(ranges.state + flight * ranges.saved + ranges.transient,
+        # Interleaved: torch's runtime schedule waits for a chunk's input
+        # gradient sends at the end of the step, so a chunk after the first
+        # holds all M of them at its last backward (one per microbatch; the
+        # simulated step holds them so, ``simulate_pipeline``).
+        waiting = (microbatches * np.concatenate([[0.0], [u.out_grad_bytes for u in units]])
+                   [:, None] if virtual > 1 and k > 0 else 0.0)
+        peak = np.maximum(ranges.state + flight * ranges.saved + ranges.transient + waiting,
                           optimizer_step)
         # Recomputed: each microbatch in flight keeps only the stage's input; one
         # microbatch's activations come back while its backward runs.
         inputs = np.concatenate([[0.0], [u.out_bytes for u in units]])[:, None]
-        lean = np.maximum(ranges.state + flight * inputs + ranges.saved + ranges.transient,
-                          optimizer_step)
+        lean = np.maximum(ranges.state + flight * inputs + ranges.saved + ranges.transient
+                          + waiting, optimizer_step)
         fits = ~empty & (peak <= budget if budget is not None else True)
         lean_fits = ~empty & (lean <= budget if budget is not None else True) & ~fits \
             & recompute
