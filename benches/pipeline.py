@@ -12,7 +12,17 @@ stage counts > 1 that cut the mesh), and what the search chose.
 
 ``--schedules`` plans each row under every schedule named (``interleaved``:
 the search also chooses the chunks per rank, shown as ``x v``), so 1F1B's and
-interleaved 1F1B's predicted steps stand side by side.
+interleaved 1F1B's predicted steps stand side by side. ``--microbatches auto``
+lets the search choose the count per stage count ``n`` (the batch's divisors
+from ``n`` to ``4 n``, each on its own trace: about twice the planning time);
+the pipeline column names the best pipeline's ``M``.
+
+What to expect (ARCHITECTURE.md, "Microbatches chosen by the search"): with
+slow cross-node links the larger models (39B on 2x8, 76B and 175B on 2x8 and
+4x8) choose stages; GPT-3 13B (and 39B on 4x8) keeps intra-op with data
+parallelism across the nodes, whose gradient all-reduce hides behind the
+backward, where every pipeline pays its bubble. That is the cost model's
+verdict, not a missed plan: the diagnosis there gives the terms.
 """
 
 from __future__ import annotations
