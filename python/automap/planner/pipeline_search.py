@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from automap.checkpoint.chain import choice_of_plan
-from automap.errors import InfeasibleBudgetError, InvalidPipelineError
+from automap.errors import InfeasibleBudgetError, InvalidPipelineError, SolverTimeLimitError
 from automap.generate.simulate import CATEGORIES
 from automap.planner.pipeline_chain import build_chain, cut_positions
 from automap.planner.pipeline_mesh import cut_mesh
@@ -199,6 +199,12 @@ def _search_count(one: Microbatched, stages, n: int, microbatches: int, units: i
     while budgets:
         try:
             plan_n, table = one.plan_submesh(stages.submesh, budgets.pop(0))
+        except SolverTimeLimitError as err:
+            # One (n, M) whose submesh ILP finds no plan in time: the others
+            # still compete (the intra-op plan, or an explicit count alone,
+            # raises it where nothing else is found).
+            log.warning("%d stages, %d microbatches: %s", n, microbatches, err)
+            break
         except InfeasibleBudgetError as err:
             least = err.smallest_feasible_budget_bytes
             if leanest or not least:
