@@ -135,6 +135,7 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
     tried = [n for n in tried if n * least <= units]
     candidates: list[dict] = []
     found_by_n: list[tuple] = []
+    timeouts: list[SolverTimeLimitError] = []
     for n in tried:
         stages = cut_mesh(mesh, n)
         for m in microbatches(n):
@@ -142,7 +143,7 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
             start = time.perf_counter()
             found, sub_plan, chain = _search_count(one, stages, n, m, units, schedule,
                                                    memory_budget_bytes, optimizer, stacks,
-                                                   shared_slowdown)
+                                                   shared_slowdown, timeouts)
             seconds = time.perf_counter() - start
             candidates.append({"stages": n, "submesh_shape": list(stages.submesh_shape),
                                "microbatches": m,
@@ -171,6 +172,8 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
     if intra_op is None:
         if intra_op_error is not None and least_peak is None:
             raise intra_op_error
+        if timeouts and not found_by_n:
+            raise timeouts[0]
         if least_peak is not None:
             raise InfeasibleBudgetError(
                 f"no pipeline of {tried} stages fits a memory budget of "
@@ -188,11 +191,13 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
 
 
 def _search_count(one: Microbatched, stages, n: int, microbatches: int, units: int,
-                  schedule: str, budget, optimizer, stacks, shared_slowdown: float):
+                  schedule: str, budget, optimizer, stacks, shared_slowdown: float,
+                  timeouts: list):
     """The best partition of ``n`` stages with ``microbatches`` microbatches
     (``one``: their trace): the submesh plan within ``n`` times the budget, then
     leaner ones while the best split recomputes (``leaner_budgets``); (the
-    partition, its submesh plan, its chain), Nones when no split fits."""
+    partition, its submesh plan, its chain), Nones when no split fits (a
+    submesh ILP out of time is appended to ``timeouts``)."""
     found, sub_plan, chain = None, None, None
     budgets = [None if budget is None else budget * n]
     leaner = leanest = False  # each tried once
@@ -204,6 +209,7 @@ def _search_count(one: Microbatched, stages, n: int, microbatches: int, units: i
             # still compete (the intra-op plan, or an explicit count alone,
             # raises it where nothing else is found).
             log.warning("%d stages, %d microbatches: %s", n, microbatches, err)
+            timeouts.append(err)
             break
         except InfeasibleBudgetError as err:
             least = err.smallest_feasible_budget_bytes
