@@ -18,8 +18,9 @@ from ``n`` to ``4 n``, each on its own trace: about twice the planning time);
 the pipeline column names the best pipeline's ``M``.
 
 What to expect (ARCHITECTURE.md, "Microbatches chosen by the search"): with
-slow cross-node links the larger models (39B on 2x8, 76B and 175B on 2x8 and
-4x8) choose stages; GPT-3 13B (and 39B on 4x8) keeps intra-op with data
+slow cross-node links the larger models (39B on 2x8, 76B on 2x8 and 4x8,
+175B on 4x8; no plan of 175B fits 2x8) choose stages; GPT-3 13B (and 39B on
+4x8) keeps intra-op with data
 parallelism across the nodes, whose gradient all-reduce hides behind the
 backward, where every pipeline pays its bubble. That is the cost model's
 verdict, not a missed plan: the diagnosis there gives the terms.
