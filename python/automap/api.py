@@ -51,7 +51,7 @@ def autoparallelize(
     setup_timeout_s: float = DEFAULT_SETUP_TIMEOUT_S,
     mixed_precision: MixedPrecision | str | None = None,
     pipeline: str | int = "off",
-    microbatches: int = 1,
+    microbatches: int | str = 1,
     schedule: str = "1f1b",
     **plan_options: Any,
 ) -> ParallelModule | PipelineModule:
@@ -81,8 +81,9 @@ def autoparallelize(
     ``automap.GradScaler`` (a ``torch.amp.GradScaler`` whose inf check agrees
     across ranks).
 
-    ``pipeline`` (``"off"``, ``"auto"`` or a number of stages), ``microbatches`` and
-    ``schedule`` (``"1f1b"``, ``"gpipe"``, ``"interleaved"``) go to ``automap.plan``. A plan with
+    ``pipeline`` (``"off"``, ``"auto"`` or a number of stages), ``microbatches`` (a
+    count, or ``"auto"``: the search chooses it) and ``schedule`` (``"1f1b"``,
+    ``"gpipe"``, ``"interleaved"``) go to ``automap.plan``. A plan with
     stages gives a ``automap.generate.pipeline.PipelineModule``: called on the whole
     batch, it runs the schedule's forward and backward over the microbatches and
     returns the batch's loss (every rank alike); the gradients are then in

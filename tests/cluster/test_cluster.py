@@ -87,6 +87,37 @@ def test_device_properties():
     assert unknown.sustained_flops_per_s is None and unknown.memory_bytes is None
 
 
+def test_shared_slowdown_round_trips_and_old_files_load_as_one(tmp_path):
+    """``automap detect`` stores the ranks' shared slowdown per device; a plan
+    made from the file prices with it (the largest), and a file written
+    before it was stored loads with None, which plans as 1."""
+    from automap.cluster.device import resolve_device_profile
+
+    cluster = measured_like_cluster()
+    devices = [Device(**{**vars(d), "op_overhead_s": 5e-6, "memory_bandwidth_bytes_per_s": 1e12,
+                         "shared_slowdown": 2.0 + d.rank / 4}) for d in cluster.devices]
+    shared = Cluster(devices, cluster.alpha_s, cluster.bandwidth_bytes_per_s)
+    path = tmp_path / "shared.json"
+    shared.to_json(path)
+    loaded = Cluster.from_json(path)
+    assert [d.shared_slowdown for d in loaded.devices] == [2.0, 2.25, 2.5, 2.75]
+    assert loaded.device_profile["shared_slowdown"] == 2.75
+    assert "2.75x faster alone" in loaded.summary()
+    profile = resolve_device_profile(known=loaded.device_profile)
+    assert profile.shared_slowdown == 2.75
+    # A file from before: no "shared_slowdown" key anywhere.
+    data = json.loads(path.read_text())
+    for device in data["devices"]:
+        del device["shared_slowdown"]
+    old = Cluster.from_dict(data)
+    assert all(d.shared_slowdown is None for d in old.devices)
+    assert old.device_profile["shared_slowdown"] is None
+    assert resolve_device_profile(known=old.device_profile).shared_slowdown == 1.0
+    # The argument still overrides the file.
+    assert resolve_device_profile(known=loaded.device_profile,
+                                  shared_slowdown=1.5).shared_slowdown == 1.5
+
+
 def test_hand_written_paper_box(tmp_path):
     cluster = Cluster.from_json(write(tmp_path, PAPER_BOX_BY_HAND))
     assert cluster.sustained_flops_per_s == 1.5e14 and cluster.memory_bytes == 80 * 2**30

@@ -43,6 +43,9 @@ def check_plausible(cluster: Cluster, n: int) -> None:
                for d in cluster.devices)
     assert cluster.device_profile["op_overhead_s"] == max(d.op_overhead_s
                                                           for d in cluster.devices)
+    # Measured with the first rank alone, one figure for every rank (>= 1).
+    assert len({d.shared_slowdown for d in cluster.devices}) == 1
+    assert cluster.devices[0].shared_slowdown >= 1.0
     assert [d.local_rank for d in cluster.devices] == list(range(n))
     m = cluster.measurement
     assert m["backend"] == "gloo" and m["pair_rounds"] == n - 1

@@ -58,7 +58,7 @@ def _check_stages(plan: Plan, stages: int, mesh: DeviceMesh) -> None:
 
 @pytest.mark.parametrize("options, match", [
     (dict(pipeline=2, microbatches=3), "does not divide the example batch of 8"),
-    (dict(pipeline=2, microbatches=0), "microbatches must be an integer >= 1"),
+    (dict(pipeline=2, microbatches=0), "microbatches must be .auto. or an integer >= 1"),
     (dict(pipeline=8), "need at least 8 devices"),
     (dict(pipeline=3), "do not cut the mesh"),
     (dict(pipeline="sometimes"), "pipeline must be 'off', 'auto' or a number"),

@@ -15,6 +15,7 @@ JSON schema, version 1 (``Cluster.to_json`` writes it, ``from_json`` reads it)::
          "sustained_flops_per_s": 2.5e14,   # optional: measured matmul rate
          "memory_bandwidth_bytes_per_s": 1.5e12,  # optional: measured elementwise rate
          "op_overhead_s": 5e-06,            # optional: measured time of a tiny kernel
+         "shared_slowdown": 1.0,            # optional: alone / all ranks computing (>= 1)
          "memory_bytes": 85899345920}       # optional: device memory
       ],
       "device": {...},                      # when "devices" is N: fields for every device
@@ -83,8 +84,10 @@ VERSION = 1
 @dataclass(frozen=True)
 class Device:
     """One device (a global rank). Its profile (``sustained_flops_per_s``,
-    ``memory_bandwidth_bytes_per_s``, ``op_overhead_s``: see
-    ``automap.cluster.device``) and ``memory_bytes`` are None when unknown."""
+    ``memory_bandwidth_bytes_per_s``, ``op_overhead_s``, ``shared_slowdown``:
+    see ``automap.cluster.device``) and ``memory_bytes`` are None when unknown
+    (files written before ``shared_slowdown`` was stored load with None: a
+    plan then takes 1, a device per rank)."""
 
     rank: int
     host: str = "localhost"
@@ -95,6 +98,7 @@ class Device:
     memory_bytes: int | None = None
     memory_bandwidth_bytes_per_s: float | None = None
     op_overhead_s: float | None = None
+    shared_slowdown: float | None = None
 
 
 class Cluster:
@@ -162,8 +166,9 @@ class Cluster:
 
     @property
     def device_profile(self) -> dict[str, float | None]:
-        """The slowest device's profile fields (``automap.cluster.device.FIELDS``),
-        each None unless known for every device."""
+        """The slowest device's profile fields (``automap.cluster.device.FIELDS``
+        and ``shared_slowdown``, the largest), each None unless known for every
+        device."""
 
         def known(values: list[float | None], pick: Callable[[list[float]], float]
                   ) -> float | None:
@@ -175,6 +180,7 @@ class Cluster:
             "memory_bandwidth_bytes_per_s": known(
                 [d.memory_bandwidth_bytes_per_s for d in self.devices], min),
             "op_overhead_s": known([d.op_overhead_s for d in self.devices], max),
+            "shared_slowdown": known([d.shared_slowdown for d in self.devices], max),
         }
 
     @property
@@ -319,6 +325,9 @@ class Cluster:
                          "GB/s per device")
         if profile["op_overhead_s"] is not None:
             lines.append(f"kernel overhead {profile['op_overhead_s'] * 1e6:.3g} us")
+        if (profile["shared_slowdown"] or 1.0) > 1.0:
+            lines.append(f"ranks share their compute: {profile['shared_slowdown']:.3g}x faster "
+                         "alone than all at once")
         for i, t in enumerate(self.tiers):
             sizes = sorted({len(g) for g in t.groups})
             lines.append(

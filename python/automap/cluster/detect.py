@@ -52,7 +52,7 @@ import torch.distributed as dist
 from numpy.typing import ArrayLike
 
 from automap.cluster.cluster import Cluster, Device
-from automap.cluster.device import measure_device_profile
+from automap.cluster.device import measure_concurrently, measure_device_profile
 from automap.cluster.topology import (
     DEFAULT_REL_TOL,
     GroupLink,
@@ -297,7 +297,8 @@ def detect_cluster(
     concurrent exchanges, 3 * ceil(log2(N/2) + 1) rounds of ``warmup + iters``
     exchanges of the largest size, one all-reduce series per distinct axis
     of the measured candidates, and the device profile (about 0.1 s on a
-    CPU): time grows as O(N)."""
+    CPU; measured once more, the first rank alone and then every rank, for
+    ``shared_slowdown`` as ``measure_concurrently`` does): time grows as O(N)."""
     if not dist.is_available() or not dist.is_initialized():
         raise AutomapError(
             "detect_cluster needs an initialised torch.distributed process group: run it "
@@ -329,6 +330,10 @@ def detect_cluster(
         _barrier(device)  # every rank measures at once: the device under full load
         record: dict = {"device": _this_device(device, measure_profile), "pairs": {},
                         "contention": {}}
+        # Whether ranks share their compute (a pipeline's ranks speed up in its
+        # bubbles then): the first rank alone against every rank at once.
+        record["device"]["shared_slowdown"] = (
+            measure_concurrently(device).shared_slowdown if measure_profile else None)
     lap("device")
     with stage(log, f"measured the pairs of {n} ranks ({repeats} x {len(rounds)} rounds)",
                total=repeats * len(rounds), enabled=shown) as pairs_stage:

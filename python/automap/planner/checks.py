@@ -13,6 +13,7 @@ import numpy as np
 
 from automap.errors import InvalidArgumentError, InvalidPipelineError
 from automap.generate.pipeline_order import interleaved_rounds
+from automap.planner.microbatch import MAX_MICROBATCHES_PER_STAGE, microbatch_counts
 from automap.planner.pipeline_mesh import stage_counts
 from automap.planner.pipeline_record import SCHEDULES
 from automap.trace.optimizer_names import OPTIMIZER_NAMES
@@ -96,28 +97,37 @@ def check_costs(table, mesh, flops_per_s: float) -> None:
 def check_pipeline(pipeline, microbatches, schedule, batch: int | None, mesh) -> list[int]:
     """The stage counts to try (``[1]``: intra-op only) for ``pipeline`` ("off",
     "auto" or a number of stages) on ``mesh``; an ``InvalidPipelineError`` for a
-    schedule that is unknown or not supported, microbatches that are not a
-    positive divisor of the example batch ``batch`` (dim 0 of every input
-    tensor; None: the inputs have none), or a stage count that does not cut the
-    mesh into equal submeshes (``automap.planner.pipeline_mesh``)."""
+    schedule that is unknown or not supported, microbatches that are neither
+    ``"auto"`` nor a positive divisor of the example batch ``batch`` (dim 0 of
+    every input tensor; None: the inputs have none), or a stage count that does
+    not cut the mesh into equal submeshes (``automap.planner.pipeline_mesh``).
+    With ``microbatches="auto"`` a stage count is tried when the batch has a
+    count of microbatches for it (``microbatch.microbatch_counts``)."""
     if not isinstance(schedule, str) or schedule not in SCHEDULES:
         raise InvalidPipelineError(f"schedule must be one of {list(SCHEDULES)}, got "
                                    f"{schedule!r}")
-    if not _is_int(microbatches) or microbatches < 1:
-        raise InvalidPipelineError(f"microbatches must be an integer >= 1, got "
+    auto = microbatches == "auto"
+    if not auto and (not _is_int(microbatches) or microbatches < 1):
+        raise InvalidPipelineError(f"microbatches must be 'auto' or an integer >= 1, got "
                                    f"{microbatches!r}")
-    if microbatches > 1 and batch is None:
+    if (auto or microbatches > 1) and batch is None:
         raise InvalidPipelineError(
-            f"microbatches={microbatches} needs example inputs whose tensors share a batch "
+            f"microbatches={microbatches!r} needs example inputs whose tensors share a batch "
             "dimension (dim 0) to split")
-    if batch is not None and batch % microbatches:
+    if not auto and batch is not None and batch % microbatches:
         raise InvalidPipelineError(f"microbatches={microbatches} does not divide the example "
                                    f"batch of {batch}")
+
+    def runs(n: int) -> bool:
+        if auto:
+            return bool(microbatch_counts(batch, n, schedule))
+        return _schedule_runs(schedule, microbatches, n)
+
     allowed = stage_counts(mesh)
     if pipeline == "off":
         return [1]
     if pipeline == "auto":
-        return [n for n in allowed if n == 1 or _schedule_runs(schedule, microbatches, n)]
+        return [n for n in allowed if n == 1 or runs(n)]
     if not _is_int(pipeline) or pipeline < 1:
         raise InvalidPipelineError(f"pipeline must be 'off', 'auto' or a number of stages >= 1, "
                                    f"got {pipeline!r}")
@@ -128,7 +138,12 @@ def check_pipeline(pipeline, microbatches, schedule, batch: int | None, mesh) ->
         raise InvalidPipelineError(
             f"pipeline={pipeline} stages do not cut the mesh {mesh.shape} into equal submeshes "
             f"along its leading axes; stage counts that do: {allowed}")
-    if pipeline > 1 and not _schedule_runs(schedule, microbatches, pipeline):
+    if pipeline > 1 and auto and not runs(pipeline):
+        raise InvalidPipelineError(
+            f"microbatches='auto' finds no count of microbatches for {pipeline} stages and "
+            f"schedule {schedule!r} in the example batch of {batch} (it needs a divisor of the "
+            f"batch from {pipeline} to {MAX_MICROBATCHES_PER_STAGE * pipeline})")
+    if pipeline > 1 and not runs(pipeline):
         rounds = max(1, microbatches // pipeline)
         raise InvalidPipelineError(
             f"schedule 'interleaved' cannot run {microbatches} microbatches on {pipeline} "

@@ -142,13 +142,37 @@ class _Ranges:
             self.state += nbytes * (sums(count) > 0)
 
 
+def chunk_shares(ranges: _Ranges, flights: list[int], n: int) -> list[list[float]]:
+    """The shares of its rank's budget each chunk (``len(flights)`` chunks,
+    chunk ``j`` on rank ``j mod n``, ``flights[j]`` microbatches in flight)
+    may be held within, the DP trying each set: equal (``1 / v``), and in
+    proportion to what an even cut's chunk would hold (its share of the
+    state, ``flights[j]`` times its share of the saved activations, the
+    largest transient), so that a rank's first chunks, which keep the most
+    microbatches, get more. Each set sums to 1 over a rank's chunks: a split
+    within the shares keeps every rank's summed peak within its budget."""
+    chunks = len(flights)
+    virtual = chunks // n
+    if virtual == 1:
+        return [[1.0] * chunks]
+    k = ranges.K
+    state, saved = ranges.state[0, k] / chunks, ranges.saved[0, k] / chunks
+    demand = [state + f * saved + ranges.transient[0, k] for f in flights]
+    rank = [sum(demand[r::n]) for r in range(n)]
+    weighted = [d / rank[j % n] if rank[j % n] > 0 else 1 / virtual
+                for j, d in enumerate(demand)]
+    return [[1 / virtual] * chunks, weighted]
+
+
 def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbatches: int,
-                    schedule: str, budget, optimizer, recompute: bool, virtual: int = 1):
+                    schedule: str, budget, optimizer, recompute: bool, virtual: int = 1,
+                    shares: list[float] | None = None):
     """Per chunk index ``j`` (the stage, unless interleaved: chunk ``j`` on
     submesh ``j mod n``): the time matrix ``t[a, b]`` (inf where the range is
     empty or over the budget: one for all ranks or one per submesh, a chunk
-    getting ``1 / virtual`` of its rank's), the peak memory matrix, and where
-    the chunk recomputes its forward to fit (``recompute``: allowed)."""
+    getting ``shares[j]`` of its rank's, default ``1 / virtual``), the peak
+    memory matrix, and where the chunk recomputes its forward to fit
+    (``recompute``: allowed)."""
     n, k_units = stages.count, ranges.K
     chunks = n * virtual
     units = chain.units
@@ -164,10 +188,11 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
     per_stage = budget if isinstance(budget, (list, tuple)) else [budget] * n
     flights = (in_flight_counts(schedule, microbatches, n, virtual) if virtual > 1 else
                [in_flight(schedule, microbatches, n, k) for k in range(n)])
+    shares = shares or [1.0 / virtual] * chunks
     for k in range(chunks):
         budget = per_stage[k % n]
         if budget is not None:
-            budget = budget / virtual
+            budget = budget * shares[k]
         t = ranges.compute[0] + ranges.compute[1]
         if k < chunks - 1:  # the activations at the chunk's end go to the next chunk
             t = t + np.concatenate([[0.0], send_fwd[k]])[None, :]
@@ -175,13 +200,19 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
             t = t + np.concatenate([[0.0], send_bwd[k - 1]])[:, None]
         flight = flights[k]
         optimizer_step = ranges.state + factor * ranges.largest
-        peak = np.maximum(ranges.state + flight * ranges.saved + ranges.transient,
+        # Interleaved: torch's runtime schedule waits for a chunk's input
+        # gradient sends at the end of the step, so a chunk after the first
+        # holds all M of them at its last backward (one per microbatch; the
+        # simulated step holds them so, ``simulate_pipeline``).
+        waiting = (microbatches * np.concatenate([[0.0], [u.out_grad_bytes for u in units]])
+                   [:, None] if virtual > 1 and k > 0 else 0.0)
+        peak = np.maximum(ranges.state + flight * ranges.saved + ranges.transient + waiting,
                           optimizer_step)
         # Recomputed: each microbatch in flight keeps only the stage's input; one
         # microbatch's activations come back while its backward runs.
         inputs = np.concatenate([[0.0], [u.out_bytes for u in units]])[:, None]
-        lean = np.maximum(ranges.state + flight * inputs + ranges.saved + ranges.transient,
-                          optimizer_step)
+        lean = np.maximum(ranges.state + flight * inputs + ranges.saved + ranges.transient
+                          + waiting, optimizer_step)
         fits = ~empty & (peak <= budget if budget is not None else True)
         lean_fits = ~empty & (lean <= budget if budget is not None else True) & ~fits \
             & recompute
@@ -222,15 +253,31 @@ def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedul
     per device: one for every stage, a list of one per stage index, or None).
     ``recompute``: a stage that does not fit may recompute its forward.
     ``virtual``: chunks per rank (interleaved; ``n * virtual`` chunks, chunk
-    ``j`` on submesh ``j mod n``, each within ``1 / virtual`` of the budget).
+    ``j`` on submesh ``j mod n``, each within its share of its rank's budget,
+    ``chunk_shares``: the fastest split over the sets of shares).
     ``shared_slowdown``: the device profile's, for the reported step
     (``schedule_step_s``; the split is chosen as for a device per rank)."""
     ranges = _Ranges(chain)
     n = stages.count
     if ranges.K < n * virtual:
         return None
+    flights = (in_flight_counts(schedule, microbatches, n, virtual) if virtual > 1 else
+               [in_flight(schedule, microbatches, n, k) for k in range(n)])
+    best = None
+    for shares in (chunk_shares(ranges, flights, n) if budget is not None else [None]):
+        found = _best_within(chain, ranges, stages, microbatches, schedule, budget, optimizer,
+                             recompute, virtual, shared_slowdown, shares)
+        if found is not None and (best is None or found.step_s < best.step_s):
+            best = found
+    return best
+
+
+def _best_within(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbatches: int,
+                 schedule: str, budget, optimizer, recompute: bool, virtual: int,
+                 shared_slowdown: float, shares: list[float] | None) -> Partition | None:
+    """``best_partition`` with each chunk within ``shares`` of its rank's budget."""
     times, peaks, recomputed = _stage_matrices(chain, ranges, stages, microbatches, schedule,
-                                               budget, optimizer, recompute, virtual)
+                                               budget, optimizer, recompute, virtual, shares)
     caps = np.unique(np.concatenate([t[np.isfinite(t)] for t in times]))
     if caps.size == 0:
         return None

@@ -27,9 +27,10 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from automap.checkpoint.chain import choice_of_plan
-from automap.errors import InfeasibleBudgetError, InvalidPipelineError
+from automap.errors import InfeasibleBudgetError, InvalidPipelineError, SolverTimeLimitError
 from automap.generate.simulate import CATEGORIES
 from automap.planner.pipeline_chain import build_chain, cut_positions
 from automap.planner.pipeline_mesh import cut_mesh
@@ -90,22 +91,40 @@ def leaner_budgets(found: Plan) -> list[float]:
             for share in LEANER_ACTIVATIONS if activations > 0]
 
 
-def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int], *,
-                    microbatches: int, schedule: str, optimizer, blocks, stacks,
-                    plan_submesh: Callable, intra_op: Plan | None,
+@dataclass
+class Microbatched:
+    """The model traced for one microbatch of a count ``M`` and what the stage
+    search needs of that trace: ``plan_submesh(submesh, budget)`` returns the
+    submesh's intra-op plan within ``budget`` and its strategy table;
+    ``simulate(plan, k)`` the simulated step of rank ``k`` (None: no
+    verification)."""
+
+    traced: object
+    profile: object
+    blocks: list
+    plan_submesh: Callable
+    simulate: Callable | None = None
+
+
+def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_bytes,
+                    counts: list[int], *, microbatches: Callable[[int], list[int]],
+                    schedule: str, optimizer, stacks, intra_op: Plan | None,
                     intra_op_error: InfeasibleBudgetError | None = None,
-                    explicit: bool = False, simulate: Callable | None = None,
-                    headroom: float = 0.0, shared_slowdown: float = 1.0) -> Plan:
-    """The fastest plan over the stage ``counts`` (see the module docstring).
-    ``traced``/``profile``: one microbatch; ``plan_submesh(submesh, budget)``
-    returns the submesh's intra-op plan within ``budget`` and its strategy table; ``intra_op``: the
-    whole batch's plan on the whole mesh (None: not searched or infeasible,
-    ``intra_op_error`` says why). ``explicit``: the caller asked for exactly
-    these counts (too few units is then an ``InvalidPipelineError``).
-    ``shared_slowdown``: the device profile's (``pipeline_partition.schedule_step_s``)."""
+                    explicit: bool = False, headroom: float = 0.0,
+                    shared_slowdown: float = 1.0) -> Plan:
+    """The fastest plan over the stage ``counts`` and, for each count ``n``,
+    the microbatch counts ``microbatches(n)`` (one for an explicit
+    ``microbatches=M``; several for ``"auto"``, each priced with its own
+    one-microbatch trace, ``prepare(M)``) (see the module docstring).
+    ``intra_op``: the whole batch's plan on the whole mesh (None: not searched
+    or infeasible, ``intra_op_error`` says why). ``explicit``: the caller asked
+    for exactly these counts (too few units is then an
+    ``InvalidPipelineError``). ``shared_slowdown``: the device profile's
+    (``pipeline_partition.schedule_step_s``)."""
     t0 = time.perf_counter()
-    units = unit_count(traced, blocks, stacks)
     tried = [n for n in counts if n > 1]
+    first = prepare(microbatches(tried[0])[0]) if tried else None
+    units = unit_count(first.traced, first.blocks, stacks) if first is not None else 0
     least = 2 if schedule == "interleaved" else 1  # chunks per stage
     if explicit and tried and tried[0] * least > units:
         raise InvalidPipelineError(
@@ -115,55 +134,36 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
             + " (its layers and the parts before and after them)")
     tried = [n for n in tried if n * least <= units]
     candidates: list[dict] = []
-    found_by_n: list[tuple[float, int, Plan, Partition, tuple]] = []
+    found_by_n: list[tuple] = []
+    timeouts: list[SolverTimeLimitError] = []
     for n in tried:
         stages = cut_mesh(mesh, n)
-        start = time.perf_counter()
-        found, sub_plan, chain = None, None, None
-        budgets = [None if memory_budget_bytes is None else memory_budget_bytes * n]
-        leaner = leanest = False  # each tried once
-        while budgets:
-            try:
-                plan_n, table = plan_submesh(stages.submesh, budgets.pop(0))
-            except InfeasibleBudgetError as err:
-                least = err.smallest_feasible_budget_bytes
-                if leanest or not least:
-                    break
-                budgets, leanest, leaner = [float(least) * (1 + 1e-6)], True, True
-                continue
-            chain_n = build_chain(traced, profile, table, choice_of_plan(table, plan_n), blocks,
-                                  stacks)
-            split = None
-            for v in virtual_counts(schedule, n, units):
-                one = best_partition(chain_n, stages, microbatches, schedule,
-                                     memory_budget_bytes, optimizer, virtual=v,
-                                     shared_slowdown=shared_slowdown)
-                if one is not None and (split is None or one.step_s < split.step_s):
-                    split = one
-            if split is not None and (found is None or split.step_s < found.step_s):
-                found, sub_plan, chain = split, plan_n, chain_n
-            if found is not None and not any(found.recompute):
-                break  # a leaner intra-op plan would be slower
-            if not leaner and memory_budget_bytes is not None:
-                budgets, leaner = leaner_budgets(plan_n), True
-        seconds = time.perf_counter() - start
-        candidates.append({"stages": n, "submesh_shape": list(stages.submesh_shape),
-                           "step_s": None if found is None else found.step_s,
-                           "virtual_stages": None if found is None else found.virtual,
-                           "search_s": seconds})
-        log.info("%d stages of %s: %s (%.2f s)", n, stages.submesh_shape,
-                 "no split fits" if found is None else f"step {found.step_s * 1e3:.3f} ms",
-                 seconds)
-        if found is not None and sub_plan is not None:
-            found_by_n.append((found.step_s, n, sub_plan, found, (stages, chain)))
+        for m in microbatches(n):
+            one = prepare(m)
+            start = time.perf_counter()
+            found, sub_plan, chain = _search_count(one, stages, n, m, units, schedule,
+                                                   memory_budget_bytes, optimizer, stacks,
+                                                   shared_slowdown, timeouts)
+            seconds = time.perf_counter() - start
+            candidates.append({"stages": n, "submesh_shape": list(stages.submesh_shape),
+                               "microbatches": m,
+                               "step_s": None if found is None else found.step_s,
+                               "virtual_stages": None if found is None else found.virtual,
+                               "search_s": seconds})
+            log.info("%d stages of %s, %d microbatches: %s (%.2f s)", n, stages.submesh_shape,
+                     m, "no split fits" if found is None else
+                     f"step {found.step_s * 1e3:.3f} ms", seconds)
+            if found is not None and sub_plan is not None:
+                found_by_n.append((found.step_s, n, m, sub_plan, found, (stages, chain)))
     intra_s = intra_op.predicted_step_s if intra_op is not None else None
     least_peak: float | None = None  # the least_peak simulated worst-stage peak seen
-    for _, _n, sub_plan, partition, (stages, chain) in sorted(found_by_n, key=lambda f: f[:2]):
+    for _, _n, m, sub_plan, partition, (stages, chain) in sorted(found_by_n,
+                                                                  key=lambda f: f[:3]):
         if intra_s is not None and intra_s <= partition.step_s and not explicit:
             break
-        plan, seen = _verified(sub_plan, partition, stages, chain, microbatches, schedule,
+        plan, seen = _verified(sub_plan, partition, stages, chain, m, schedule,
                                memory_budget_bytes, optimizer, intra_s, candidates, t0,
-                               simulate, headroom, shared_slowdown)
+                               prepare(m).simulate, headroom, shared_slowdown)
         if seen is not None:
             least_peak = seen if least_peak is None else min(least_peak, seen)
         if plan is not None and not (intra_s is not None and intra_s <= plan.predicted_step_s
@@ -172,6 +172,8 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
     if intra_op is None:
         if intra_op_error is not None and least_peak is None:
             raise intra_op_error
+        if timeouts and not found_by_n:
+            raise timeouts[0]
         if least_peak is not None:
             raise InfeasibleBudgetError(
                 f"no pipeline of {tried} stages fits a memory budget of "
@@ -186,6 +188,50 @@ def search_pipeline(traced, profile, mesh, memory_budget_bytes, counts: list[int
             None)
     intra_op.solver["pipeline_candidates"] = candidates
     return intra_op
+
+
+def _search_count(one: Microbatched, stages, n: int, microbatches: int, units: int,
+                  schedule: str, budget, optimizer, stacks, shared_slowdown: float,
+                  timeouts: list):
+    """The best partition of ``n`` stages with ``microbatches`` microbatches
+    (``one``: their trace): the submesh plan within ``n`` times the budget, then
+    leaner ones while the best split recomputes (``leaner_budgets``); (the
+    partition, its submesh plan, its chain), Nones when no split fits (a
+    submesh ILP out of time is appended to ``timeouts``)."""
+    found, sub_plan, chain = None, None, None
+    budgets = [None if budget is None else budget * n]
+    leaner = leanest = False  # each tried once
+    while budgets:
+        try:
+            plan_n, table = one.plan_submesh(stages.submesh, budgets.pop(0))
+        except SolverTimeLimitError as err:
+            # One (n, M) whose submesh ILP finds no plan in time: the others
+            # still compete (the intra-op plan, or an explicit count alone,
+            # raises it where nothing else is found).
+            log.warning("%d stages, %d microbatches: %s", n, microbatches, err)
+            timeouts.append(err)
+            break
+        except InfeasibleBudgetError as err:
+            least = err.smallest_feasible_budget_bytes
+            if leanest or not least:
+                break
+            budgets, leanest, leaner = [float(least) * (1 + 1e-6)], True, True
+            continue
+        chain_n = build_chain(one.traced, one.profile, table, choice_of_plan(table, plan_n),
+                              one.blocks, stacks)
+        split = None
+        for v in virtual_counts(schedule, n, units):
+            part = best_partition(chain_n, stages, microbatches, schedule, budget, optimizer,
+                                  virtual=v, shared_slowdown=shared_slowdown)
+            if part is not None and (split is None or part.step_s < split.step_s):
+                split = part
+        if split is not None and (found is None or split.step_s < found.step_s):
+            found, sub_plan, chain = split, plan_n, chain_n
+        if found is not None and not any(found.recompute):
+            break  # a leaner intra-op plan would be slower
+        if not leaner and budget is not None:
+            budgets, leaner = leaner_budgets(plan_n), True
+    return found, sub_plan, chain
 
 
 def _verified(sub_plan: Plan, partition: Partition, stages, chain, microbatches: int,

@@ -31,8 +31,9 @@ from automap.planner.checks import (
     check_pipeline,
     check_time_limit,
 )
-from automap.planner.microbatch import example_batch, microbatch_inputs
-from automap.planner.pipeline_search import STAGE_HEADROOM, search_pipeline
+from automap.planner.microbatch import example_batch, microbatch_counts, microbatch_inputs
+from automap.planner.per_microbatch import per_microbatch_table
+from automap.planner.pipeline_search import STAGE_HEADROOM, Microbatched, search_pipeline
 from automap.planner.plan import EdgePlan, NodePlan, Plan, current_versions, graph_fingerprint
 from automap.planner.plan import format_bytes as _size
 from automap.planner.step_time import shared_gradient_savings, step_time
@@ -133,7 +134,7 @@ def plan(
     mixed_precision: MixedPrecision | str | None = None,
     reduce_formulation: bool = False,
     pipeline: str | int = "off",
-    microbatches: int = 1,
+    microbatches: int | str = 1,
     schedule: str = "1f1b",
     verbose: bool = False,
 ) -> Plan:
@@ -171,6 +172,10 @@ def plan(
     ``"gpipe"`` or ``"interleaved"``: ``n * v`` chunks, chunk ``j`` on stage
     ``j mod n``, ``v`` chosen by the search) within the budget per stage
     (``automap.planner.pipeline_search``); the plan's ``pipeline`` records the stages.
+    ``microbatches="auto"``: the search also chooses the count, per stage count
+    ``n`` among the divisors of the batch from ``n`` to ``4 n``
+    (``automap.planner.microbatch.microbatch_counts``), each priced on its own
+    one-microbatch trace; the record says which (``plan.pipeline.microbatches``).
 
     ``verify``: run one training step of the generated program on fake tensors
     (``automap.generate.simulate``) and report its peak memory; within a budget,
@@ -243,38 +248,56 @@ def _plan_pipelined(model, example_inputs, mesh, memory_budget_bytes, counts, mi
                     schedule, loss_fn, mixed_precision, reduce_depth, intra_op,
                     intra_op_error, explicit, verify: bool = True, **options) -> Plan:
     """The stage search of ``automap.planner.pipeline_search`` on one
-    microbatch of ``example_inputs``; ``verify``: the chosen pipeline's stages
-    are simulated (``simulate_pipeline``; not for depth-reduced plans, which are
-    not generated)."""
+    microbatch of ``example_inputs`` (``microbatches="auto"``: one trace per
+    count of microbatches tried, ``microbatch.microbatch_counts``); ``verify``:
+    the chosen pipeline's stages are simulated (``simulate_pipeline``; not for
+    depth-reduced plans, which are not generated)."""
     from automap.trace.profiling import profile_traced
     from automap.trace.tracing import trace
 
-    t0 = time.perf_counter()
-    depth: contextlib.AbstractContextManager[list] = (
-        reduced_depth(model) if reduce_depth else contextlib.nullcontext([]))
-    with depth as stacks:
-        traced = trace(model, microbatch_inputs(example_inputs, microbatches), loss_fn=loss_fn,
-                       mixed_precision=mixed_precision)
-        profile = profile_traced(traced, options["optimizer"])
-    trace_s = time.perf_counter() - t0
-
-    def plan_submesh(submesh: DeviceMesh, budget: float | None):
-        tables: list = []
-        found = plan_traced(traced, profile, submesh, budget, trace_s=trace_s,
-                            checkpointing="off", verify=False, tables=tables, **options)
-        return found, tables[-1]
-
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    traces: dict[int, Microbatched] = {}
+    reduced: list = []
 
-    def simulate(found: Plan, k: int):
-        return simulate_stage(traced, found, k, optimizer=options["optimizer"], backend=backend)
+    def prepare(m: int) -> Microbatched:
+        if m in traces:
+            return traces[m]
+        t0 = time.perf_counter()
+        depth: contextlib.AbstractContextManager[list] = (
+            reduced_depth(model) if reduce_depth else contextlib.nullcontext([]))
+        with depth as stacks:
+            traced = trace(model, microbatch_inputs(example_inputs, m), loss_fn=loss_fn,
+                           mixed_precision=mixed_precision)
+            profile = profile_traced(traced, options["optimizer"])
+        reduced[:] = stacks
+        trace_s = time.perf_counter() - t0
 
-    return search_pipeline(traced, profile, mesh, memory_budget_bytes, counts,
-                           microbatches=microbatches, schedule=schedule,
-                           optimizer=options["optimizer"], blocks=detect_blocks(traced),
-                           stacks=stacks, plan_submesh=plan_submesh, intra_op=intra_op,
-                           intra_op_error=intra_op_error, explicit=explicit,
-                           simulate=simulate if verify and not stacks else None,
+        def plan_submesh(submesh: DeviceMesh, budget: float | None):
+            tables: list = []
+            found = plan_traced(traced, profile, submesh, budget, trace_s=trace_s,
+                                checkpointing="off", verify=False, tables=tables,
+                                microbatches=m, **options)
+            return found, tables[-1]
+
+        def simulate(found: Plan, k: int):
+            return simulate_stage(traced, found, k, optimizer=options["optimizer"],
+                                  backend=backend)
+
+        traces[m] = Microbatched(traced, profile, detect_blocks(traced), plan_submesh,
+                                 simulate if verify and not stacks else None)
+        return traces[m]
+
+    batch = example_batch(example_inputs)
+
+    def options_of(n: int) -> list[int]:
+        if microbatches == "auto":  # check_pipeline refused "auto" without a batch
+            return microbatch_counts(batch, n, schedule)
+        return [microbatches]
+
+    # ``reduced`` is filled by the first ``prepare``, before the search reads it.
+    return search_pipeline(prepare, mesh, memory_budget_bytes, counts, microbatches=options_of,
+                           schedule=schedule, optimizer=options["optimizer"], stacks=reduced,
+                           intra_op=intra_op, intra_op_error=intra_op_error, explicit=explicit,
                            headroom=max(HEADROOM, STAGE_HEADROOM),
                            shared_slowdown=options["device"].shared_slowdown)
 
@@ -301,14 +324,18 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 strategy_filter=None, trace_s=0.0, verbose=False, checkpointing="auto",
                 ladder_alpha=LADDER_ALPHA, ladder_steps=LADDER_STEPS, verify=True,
                 backend=None, exact_columns=EXACT_COLUMNS, reduce_formulation=False,
-                tables: list | None = None) -> Plan:
+                tables: list | None = None, microbatches: int = 1) -> Plan:
     """``plan`` for an already traced and profiled graph, priced on ``device``
     (default: the given speeds, the rest measured on this process's device).
     ``exact_columns``: ILPs up to this many columns are solved exactly under
     a budget (branch and bound), larger ones by LP dives (see
     ``automap.solve.ilp.ShardingIlp``); ``math.inf``: always exactly.
     ``tables``: when given, the strategy table is appended to it (the
-    pipeline search prices stages from it)."""
+    pipeline search prices stages from it). ``microbatches``: the plan runs
+    that many microbatches per step (a pipeline stage's submesh plan): the ILP
+    prices the parameters' gradient all-reduces and optimizer steps, which run
+    once per step, at ``1 / microbatches`` (``per_microbatch.per_microbatch_table``);
+    the plan's reported times are one microbatch's, all terms in full."""
     memory_budget_bytes = check_budget(memory_budget_bytes)
     optimizer = check_optimizer(optimizer)
     flops_per_s = check_flops(flops_per_s)
@@ -336,8 +363,10 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     repeats = instance_repeats(blocks, list(stacks)) if stacks else None
     line = timeline(table)
 
+    ilp_table = per_microbatch_table(table, microbatches)
+
     def make_ilp() -> ShardingIlp:
-        return ShardingIlp(table, time_limit_s=time_limit_s, mip_rel_gap=MIP_REL_GAP,
+        return ShardingIlp(ilp_table, time_limit_s=time_limit_s, mip_rel_gap=MIP_REL_GAP,
                            merge_followers=merge_followers,
                            blocks=blocks, node_weight=node_weight, edge_weight=edge_weight,
                            optimizer=optimizer, exact_columns=exact_columns,
