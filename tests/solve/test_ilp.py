@@ -167,3 +167,38 @@ def test_budgets_that_fit_need_no_least_budget_lp(seed, monkeypatch):
     loose = ilp.solve(fastest.peak_memory_bytes * 1.01)
     assert loose.choice == fastest.choice
     assert ilp.could_fit(fastest.peak_memory_bytes * 1.001)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_lp_feasibility_proofs_are_kept_monotone(seed, monkeypatch):
+    """Issue 15: the budgeted LP's feasibility is monotone in the budget, so
+    one proof decides every smaller budget (infeasible) or every larger one
+    (feasible) without HiGHS; each decision is the one a fresh instance
+    makes, and ``could_fit`` never needs the least-budget LP to decide."""
+    rng = random.Random(3000 + seed)
+    mesh = DeviceMesh((2, 2), alpha_s=[1e-6, 1e-5])
+    table = _random_table(rng, mesh)
+    fastest = ShardingIlp(table, merge_followers=False, exact_columns=0).solve(None)
+    budgets = [fastest.peak_memory_bytes * f for f in (0.05, 0.2, 0.4, 0.6, 0.8, 0.95)]
+    fresh = [ShardingIlp(table, merge_followers=False, exact_columns=0).could_fit(b)
+             for b in budgets]
+    assert fresh == sorted(fresh)  # monotone: False ... False True ... True
+    ilp = ShardingIlp(table, merge_followers=False, exact_columns=0)
+    least_lps = []
+    original = ShardingIlp._least_relaxation
+    monkeypatch.setattr(ShardingIlp, "_least_relaxation",
+                        lambda self, model: least_lps.append(1) or original(self, model))
+    order = [2, 5, 0, 4, 1, 3]
+    decided = {}
+    for i in order:
+        decided[i] = ilp.could_fit(budgets[i])
+    assert [decided[i] for i in range(len(budgets))] == fresh
+    assert not least_lps
+    # What was proved is kept: no HiGHS run for the budgets it decides.
+    monkeypatch.setattr(ilp, "_run", lambda *a, **k: (_ for _ in ()).throw(
+        AssertionError("HiGHS ran for a budget already decided")))
+    if False in fresh:
+        infeasible = budgets[fresh.index(True) - 1] if True in fresh else budgets[-1]
+        assert not ilp.could_fit(infeasible * 0.999)
+    if True in fresh:
+        assert ilp.could_fit(budgets[fresh.index(True)] * 1.001)

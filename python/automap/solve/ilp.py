@@ -28,6 +28,7 @@ Python call per coefficient.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -274,6 +275,11 @@ class ShardingIlp:
         self._fitting: list[tuple[float, np.ndarray]] = []
         self._least_bytes: float | None = None  # a budget some plan fits
         self._least_bound_bytes = 0.0  # a budget no plan fits below
+        #: The LP relaxation's feasibility is monotone in the budget: proved
+        #: infeasible at this budget (nothing fits at or below it), and
+        #: feasible at this one (a plan may fit at or above it).
+        self._lp_infeasible_bytes = 0.0
+        self._lp_feasible_bytes = math.inf
         self._least_plan: np.ndarray | None = None  # large models: found with the least
 
     def solve(self, memory_budget_bytes: float | None = None, *, find_least: bool = True
@@ -352,11 +358,13 @@ class ShardingIlp:
         """False when no plan fits the budget, proved by the LP relaxation
         (cheap: the least budget is not looked for); True when one may."""
         budget = float(memory_budget_bytes)
-        if budget < self._least_bound_bytes:
+        if budget < self._least_bound_bytes or budget <= self._lp_infeasible_bytes:
             return False
         if budget in self._solutions or (self._least_bytes is not None
                                          and budget >= self._least_bytes):
             return True
+        if budget >= self._lp_feasible_bytes:
+            return True  # the relaxation is feasible under a smaller budget
         if any(sol.peak_memory_bytes <= budget for sol in self._solutions.values()):
             return True  # a plan already found fits: no LP needed to say so
         if self._budgeted is None:
@@ -394,13 +402,19 @@ class ShardingIlp:
         h = model.relaxed
         if budget is not None:
             h.changeColBounds(model.budget_col, budget / model.mem_unit, budget / model.mem_unit)
+            if budget <= self._lp_infeasible_bytes:
+                self._infeasible(model, budget, find_least)  # a larger budget was proved so
             if model.least_relaxed is None and budget >= self._least_bound_bytes:
-                # A budget that fits solves fast (GPT-2 small on (2,2,2): 1.3 s, where
-                # the least-budget LP takes 18-34 s): tried first, briefly.
-                if self._run(h, self.time_limit_s * QUICK_LP_SHARE) == \
-                        highspy.HighsModelStatus.kOptimal:
-                    return (np.asarray(h.getSolution().col_value),
-                            float(h.getInfo().objective_function_value))
+                # Tried first, briefly: a budget that fits solves fast (GPT-2 small
+                # on (2,2,2): 1.3 s, where the least-budget LP takes 12-34 s), and
+                # most that do not are proved so as fast (0.4-1.7 s; the search
+                # bisects its ladder's rungs with these proofs).
+                status = self._run(h, self.time_limit_s * QUICK_LP_SHARE)
+                if status == highspy.HighsModelStatus.kOptimal:
+                    return self._feasible_at(h, budget)
+                if status == highspy.HighsModelStatus.kInfeasible:
+                    self._lp_infeasible_bytes = max(self._lp_infeasible_bytes, budget)
+                    self._infeasible(model, budget, find_least)
             # Below the least-budget LP's optimum nothing fits: decided without
             # the budgeted LP, whose infeasibility proofs can stall the dual
             # simplex for minutes (GPT-2 small on (4,4,4): 119 s, where the
@@ -410,9 +424,17 @@ class ShardingIlp:
                 self._infeasible(model, budget, find_least)
         status = self._run(h)
         if status == highspy.HighsModelStatus.kInfeasible and budget is not None:
+            self._lp_infeasible_bytes = max(self._lp_infeasible_bytes, budget)
             self._infeasible(model, budget, find_least)
         if status != highspy.HighsModelStatus.kOptimal:
             return None
+        return self._feasible_at(h, budget)
+
+    def _feasible_at(self, h: highspy.Highs, budget: float | None):
+        """The optimal relaxation's (column values, objective); under a budget,
+        every larger budget's relaxation is feasible too."""
+        if budget is not None:
+            self._lp_feasible_bytes = min(self._lp_feasible_bytes, budget)
         return np.asarray(h.getSolution().col_value), float(h.getInfo().objective_function_value)
 
     def _run(self, h: highspy.Highs, limit_s: float | None = None):

@@ -1,0 +1,80 @@
+"""Issue 15: the two-stage ladder's rungs are decided by bisection on the
+budgeted LP's (monotone) feasibility instead of the least-budget LP; the
+plans are the ones a rung-by-rung climb finds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import model_zoo
+from automap import DeviceMesh
+from automap.planner import search
+from automap.planner.search import _lowest_fitting, plan
+from speeds import speeds
+
+SPEEDS = speeds(2e9)
+
+
+@pytest.mark.parametrize("n", range(0, 11))
+def test_bisection_finds_the_lowest_fitting_rung_in_log_calls(n):
+    rungs = [1.25 ** k for k in range(10)]
+    threshold = rungs[n] if n < len(rungs) else math.inf
+    asked = []
+
+    def could_fit(rung):
+        asked.append(rung)
+        return rung >= threshold
+
+    assert _lowest_fitting(rungs, could_fit) == n
+    assert len(asked) <= math.ceil(math.log2(len(rungs) + 1))
+    assert _lowest_fitting([], could_fit) == 0
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("fraction", [0.6, 0.5])
+def test_bisected_ladder_skips_only_infeasible_rungs(fraction, monkeypatch):
+    """Every rung the bisection skips is one a fresh ILP's relaxation proves
+    infeasible (so the climb rung by rung plans nothing there either), and the
+    plan is no slower than that climb's."""
+    torch.manual_seed(0)
+    model, inputs, loss_fn = model_zoo.gpt2()
+    mesh = DeviceMesh((2, 2))
+    options = dict(loss_fn=loss_fn, checkpointing="auto", exact_columns=0, **SPEEDS)
+    free = plan(model, inputs, mesh, None, **options)
+    budget = fraction * free.predicted_peak_memory_bytes
+    ladders, real = [], search._lowest_fitting
+
+    def recorded(rungs, could_fit):
+        low = real(rungs, could_fit)
+        ladders.append((list(rungs), low))
+        return low
+
+    monkeypatch.setattr(search, "_lowest_fitting", recorded)
+    bisected = search.plan(model, inputs, mesh, budget, **options)
+    assert ladders
+    monkeypatch.setattr(search, "_lowest_fitting", lambda rungs, could_fit: 0)
+    climbed = plan(model, inputs, mesh, budget, **options)
+    assert bisected.predicted_step_s <= climbed.predicted_step_s * (1 + 1e-9)
+    # The skipped rungs, decided again one by one on fresh instances.
+    from automap.planner.search import MIP_REL_GAP
+    from automap.solve.blocks import detect_blocks
+    from automap.solve.depth import multiplicities
+    from automap.solve.ilp import ShardingIlp
+    from automap.solve.strategies import build_strategy_table
+    from automap.trace.profiling import profile_traced
+    from automap.trace.tracing import trace
+
+    traced = trace(model, inputs, loss_fn=loss_fn)
+    profile = profile_traced(traced, "adamw")
+    device = search.resolve_device_profile(**SPEEDS, dtype=torch.float32)
+    table = build_strategy_table(traced, profile, mesh, device=device, optimizer="adamw")
+    blocks = detect_blocks(traced)
+    node_weight, edge_weight = multiplicities(blocks, [], list(table.edges()))
+    for rungs, low in ladders:
+        for k, rung in enumerate(rungs):
+            fresh = ShardingIlp(table, mip_rel_gap=MIP_REL_GAP, blocks=blocks, exact_columns=0,
+                                node_weight=node_weight, edge_weight=edge_weight)
+            assert fresh.could_fit(rung) == (k >= low), (rung, rungs, low)
