@@ -1,6 +1,7 @@
 import os
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -9,7 +10,7 @@ from automap.launch import preload
 here = os.path.dirname(__file__)
 # Helpers shared by the stage folders (models, forced plans, the serial side of
 # parity tests) are imported by module name, also by spawned gloo workers
-# (spawn passes sys.path on); pytest puts each test's own folder, where its
+# (a rank gets the caller's sys.path); pytest puts each test's own folder, where its
 # workers live, on the path. Some tests check what the benches print (benches/
 # holds their model builders), and the GPT-2 block of examples/ is the one the
 # tests plan.
@@ -26,17 +27,38 @@ os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
                       os.path.join(tempfile.gettempdir(), "automap-hypothesis"))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist names the groups
+def _marked(config):
+    from gloo_together import multiprocess_tests
+
+    if not hasattr(config, "_automap_multiprocess"):
+        config._automap_multiprocess = multiprocess_tests(config.rootpath, Path(here))
+    return config._automap_multiprocess
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``-n 2`` the multiprocess tests run one after another on one
+    worker while the other worker takes the single-process tests
+    (``gloo_together``)."""
+    from gloo_together import GlooTestsTogether
+
+    return GlooTestsTogether(config, log, _marked(config))
+
+
 def pytest_collection_modifyitems(config, items):
     """Every multi-process test sets its own pytest-timeout (a hang then fails in
-    minutes with the test's name, instead of holding the whole suite), and all of
-    them form one xdist group: under ``-n 2 --dist loadgroup`` they run one after
-    another on one worker while the other worker takes the single-process tests
-    (two gloo process groups at once would oversubscribe a 2-core machine)."""
-    multiprocess = [item for item in items if item.get_closest_marker("multiprocess")]
-    missing = [item.nodeid for item in multiprocess if item.get_closest_marker("timeout") is None]
+    minutes with the test's name, instead of holding the whole suite), and is
+    marked in a form the xdist scheduler reads from the sources."""
+    from gloo_together import check_collected
+
+    missing = [item.nodeid for item in items
+               if item.get_closest_marker("multiprocess") is not None
+               and item.get_closest_marker("timeout") is None]
     if missing:
         raise pytest.UsageError("multiprocess tests without @pytest.mark.timeout: "
                                 + ", ".join(missing))
-    for item in multiprocess:
-        item.add_marker(pytest.mark.xdist_group("gloo"))
+    unread = check_collected(items, _marked(config))
+    if unread:
+        raise pytest.UsageError("mark multiprocess tests with a module-level pytestmark or "
+                                "@pytest.mark.multiprocess on the test function: "
+                                + ", ".join(unread))
