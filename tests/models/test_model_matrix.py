@@ -2,9 +2,10 @@
 model of the matrix (``tests/support/model_matrix.py``) traces, plans on a
 (2, 2) mesh with no op left without a strategy, and trains 3 AdamW steps on 4
 gloo ranks in float64 with the serial model's losses and gradients (relative
-1e-6) at every step. The suite trains a representative third in one process
-group; ``pytest -m model_matrix`` trains all of it, one process group per
-family (so does ``benches/train_model_matrix.py``, as a table)."""
+1e-5: float32 parts inside the float64 models, see TOL) at every step. The
+suite trains a representative third in one process group; ``pytest -m
+model_matrix`` trains all of it, one process group per family (so does
+``benches/train_model_matrix.py``, as a table)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,12 @@ from model_matrix import CI_MODELS, MATRIX, count
 
 pytestmark = pytest.mark.multiprocess
 
-TOL = 1e-6
+#: Relative. The models run in float64, but some compute parts in float32
+#: whatever the model's dtype (Phi-3's, Llama's and Mixtral's RMSNorm upcast to
+#: float32 and cast back), so a plan that splits such a reduction rounds
+#: differently in float32: phi3 has come out at 2.7e-6 in one CI run and far
+#: below 1e-6 in the others, depending on the plan the measured profile chose.
+TOL = 1e-5
 
 
 def _check(rows: list[dict]) -> list[str]:
