@@ -290,7 +290,8 @@ def _plan_pipelined(model, example_inputs, mesh, memory_budget_bytes, counts, mi
     batch = example_batch(example_inputs)
 
     def options_of(n: int) -> list[int]:
-        if microbatches == "auto":  # check_pipeline refused "auto" without a batch
+        if microbatches == "auto":
+            assert batch is not None, "check_pipeline refuses 'auto' without a batch"
             return microbatch_counts(batch, n, schedule)
         return [microbatches]
 
