@@ -17,9 +17,13 @@ ranks, in one run, under:
 
 Each runner is built and its memory measured in turn, then all are timed together:
 ``--steps`` rounds of one step of each (rotated order, every step started on every
-rank at once), so that the machine's other load meets every runner alike. Per
-runner: the median step time (forward, backward, optimizer step) after
-``--warmup`` steps, the slowest rank's; the peak of live
+rank at once), so that the machine's other load meets every runner alike. A step
+(forward, backward, optimizer step, after ``--warmup`` steps) lasts until its
+slowest rank is done. Per runner: the median step; against DDP and FSDP2 the median
+of the per-round ratios (each pair of steps ran within one round, so load that
+drifts over the run cancels; the ratios' range is printed) and the same for the
+CPU work of a step (every rank's CPU seconds summed, gloo's threads included:
+what the step costs whatever else shares the cores); the peak of live
 tensor bytes per rank during one step (``trust_workers.measure_training``: what is
 live between steps plus the CPU allocator's running total from the profiler's memory
 events); for automap its plan's predicted step time and peak. Printed as one table
@@ -31,7 +35,8 @@ temporary folder).
     python benches/vs_torch.py
     python benches/vs_torch.py --steps 3 --out /tmp/vs.json
 
-Exit status 1 when automap is slower than DDP or FSDP2, or its peak is above DDP's
+Exit status 1 when automap is slower than DDP or FSDP2 (median per-round ratio
+above 1), or its peak is above DDP's
 (without a budget), above FSDP2's when the budget forces a sharded plan, or above
 its budget.
 """
@@ -42,6 +47,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -55,13 +61,26 @@ from vs_torch_workers import RUNNERS, Setup, compare  # noqa: E402
 MIB = 2**20
 
 
+def paired_ratio(rounds: list[float], reference: list[float]) -> dict | None:
+    """``rounds`` against ``reference`` round by round (each pair ran back to back, so
+    what else loads the machine meets both alike): the median ratio and the range."""
+    ratios = [a / b for a, b in zip(rounds, reference) if b > 0]
+    if not ratios:
+        return None
+    return {"median": statistics.median(ratios), "low": min(ratios), "high": max(ratios),
+            "rounds": len(ratios)}
+
+
 def summarise(per_rank: list[dict[str, dict]]) -> dict[str, dict]:
-    """Per runner: the slowest rank's median step, every rank's peak, and automap's plan."""
+    """Per runner: the median step (per round the slowest rank's wall time), every
+    rank's peak, automap's plan, and the paired ratios of step time and of CPU work to
+    DDP's and FSDP2's (``vs``)."""
     rows = {}
     for name in per_rank[0]:
         records = [r[name] for r in per_rank]
-        steps = [r["step_s"] for r in records if r["step_s"] is not None]
-        row = {"step_s": max(steps) if steps else None,
+        rounds = records[0].get("round_step_s") or []
+        row = {"step_s": statistics.median(rounds) if rounds else None,
+               "round_step_s": rounds, "round_cpu_s": records[0].get("round_cpu_s") or [],
                "peak_bytes_per_rank": [r["peak_bytes"] for r in records],
                "peak_bytes": max(r["peak_bytes"] for r in records),
                "live_before_bytes": max(r["live_before_bytes"] for r in records),
@@ -74,6 +93,10 @@ def summarise(per_rank: list[dict[str, dict]]) -> dict[str, dict]:
             if key in records[0]:
                 row[key] = records[0][key]
         rows[name] = row
+    for row in rows.values():
+        row["vs"] = {ref: {"step": paired_ratio(row["round_step_s"], rows[ref]["round_step_s"]),
+                           "cpu": paired_ratio(row["round_cpu_s"], rows[ref]["round_cpu_s"])}
+                     for ref in ("ddp", "fsdp2") if ref in rows}
     return rows
 
 
@@ -86,10 +109,11 @@ def verdicts(rows: dict[str, dict], names=("automap", "automap_budget")) -> list
         row = rows.get(name)
         if row is None:
             continue
-        for other, ref in (("DDP", ddp), ("FSDP2", fsdp)):
-            if ref is not None and row["step_s"] is not None and row["step_s"] > ref["step_s"]:
-                failures.append(f"{name}: step {row['step_s']:.3f} s > {other}'s "
-                                f"{ref['step_s']:.3f} s")
+        for other, key in (("DDP", "ddp"), ("FSDP2", "fsdp2")):
+            ratio = row["vs"].get(key, {}).get("step")
+            if ratio is not None and ratio["median"] > 1.0:
+                failures.append(f"{name}: step {ratio['median']:.3f}x {other}'s (median of "
+                                f"{ratio['rounds']} rounds, each side by side)")
         # DDP's memory when the plan is data parallel; within a budget DDP cannot
         # meet, FSDP2's when the plan shards (a replicated-parameter plan within
         # one still must stay below DDP). Without a budget, a fully replicated
@@ -126,15 +150,23 @@ def table(rows: dict[str, dict]) -> str:
                                                    if row["checkpoint_blocks"] else "")
             cells += (f"{row['predicted_step_s']:>8.3f}{row['predicted_peak_bytes'] / MIB:>9.1f}"
                       f"{kind:>19}")
-            for ref in (ddp, fsdp):
+            for key, ref in (("ddp", ddp), ("fsdp2", fsdp)):
                 if ref is None:
                     cells += f"{'':>17}"
                     continue
-                ratio = (f"{row['step_s'] / ref['step_s']:.2f}" if row["step_s"] is not None
-                         else "-")
+                paired = row["vs"][key]["step"]
+                ratio = f"{paired['median']:.2f}" if paired else "-"
                 cells += f"{ratio:>8}{row['peak_bytes'] / ref['peak_bytes']:>9.2f}"
         lines.append(cells)
     for name, row in rows.items():
+        for key, label in (("ddp", "DDP"), ("fsdp2", "FSDP2")):
+            paired = row["vs"].get(key) if name not in ("ddp", "fsdp2") else None
+            if paired and paired["step"]:
+                step, cpu = paired["step"], paired["cpu"]
+                lines.append(f"{name} / {label}: step {step['median']:.3f}x "
+                             f"({step['low']:.2f}-{step['high']:.2f} over {step['rounds']} "
+                             f"rounds), CPU work {cpu['median']:.3f}x "
+                             f"({cpu['low']:.2f}-{cpu['high']:.2f})")
         if row.get("budget_bytes") is not None:
             lines.append(f"{name}: budget {row['budget_bytes'] / MIB:.1f} MiB per rank "
                          f"(binding: {row['memory_binding']})")

@@ -36,7 +36,7 @@ class Setup:
     seq: int = 256
     batch: int = 16  # global: DDP and FSDP2 ranks each train on batch / world
     warmup_steps: int = 2  # DDP rebuilds its buckets in the second step
-    timed_steps: int = 9
+    timed_steps: int = 15
     #: automap's budget run plans within this fraction of DDP's measured peak
     #: (the largest rank's), so that DDP could not meet it.
     budget_fraction: float = 0.8
@@ -195,7 +195,9 @@ def compare(rank: int, world: int, setup: Setup, runners=RUNNERS) -> dict[str, d
     ``setup.timed_steps`` rounds of one step of each, every step started together on
     every rank, the order rotated each round, so that what else loads the machine
     meets every runner alike. By runner name, this rank's record with ``step_s``
-    (median) and ``step_times_s``."""
+    (median) and ``step_times_s``, and, the same on every rank, ``round_step_s`` (per
+    round: the step's wall time, its slowest rank's) and ``round_cpu_s`` (per round:
+    the CPU seconds of the step summed over the ranks)."""
     steps, out, measured = {}, {}, None
     for name in runners:
         mesh, budget = None, None
@@ -215,14 +217,27 @@ def compare(rank: int, world: int, setup: Setup, runners=RUNNERS) -> dict[str, d
             steps[name], out[name] = run_automap(rank, world, setup, budget, mesh)
         else:
             raise ValueError(f"unknown runner {name!r}; allowed: {RUNNERS}")
+        out[name].update(round_step_s=[], round_cpu_s=[])
         dist.barrier()
     order = list(runners)
     for round_ in range(setup.timed_steps):
+        wall, cpu = [], []
         for name in order[round_ % len(order):] + order[:round_ % len(order)]:
             dist.barrier()
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             steps[name]()
-            out[name]["step_times_s"].append(time.perf_counter() - start)
+            wall.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+            out[name]["step_times_s"].append(wall[-1])
+        # Outside the timed steps: a step lasts until its slowest rank is done, and
+        # its work is every rank's CPU time (all threads, gloo's included).
+        slowest = torch.tensor(wall, dtype=torch.float64)
+        work = torch.tensor(cpu, dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        dist.all_reduce(work)
+        for i, name in enumerate(order[round_ % len(order):] + order[:round_ % len(order)]):
+            out[name]["round_step_s"].append(float(slowest[i]))
+            out[name]["round_cpu_s"].append(float(work[i]))
     for record in out.values():
         times = record["step_times_s"]
         record["step_s"] = statistics.median(times) if times else None
