@@ -1,16 +1,16 @@
-"""Issue 14 point 3, a case still open: the smallest feasible budget an error
-names should be the least that runs. Under a budget the model's leanest plan
-does not fit, the verified search simulates that plan and names its peak; but
-the memory model over-estimates some plans more than others (a parameter that
-is stored sharded and gathered for its use keeps no gradient bucket copy, which
-the model counts: the ILP prices its edge per spec pair, the bucket depends on
-the consumer's strategy), so a faster plan the model puts above its least can
-run in less. GPT-2 (4 layers, width 256, vocab 2048, sequence 256, batch 16,
-benches/vs_torch.py's model) on (4,), checkpointing off, every speed given:
-planned within 156.3 MiB, a sharded plan modelled at 156.1 MiB simulates at
-152.0 MiB; planning within 153 MiB fails and names 155.1 MiB, the model's
-leanest plan. This test states what should hold and is expected to fail until
-the memory rows price the gathered parameter's missing bucket copy."""
+"""Issue 14 point 3: a budget that a plan the planner finds runs within is a
+budget the planner plans at. GPT-2 (4 layers, width 256, vocab 2048, sequence
+256, batch 16, benches/vs_torch.py's model) on (4,), checkpointing off, every
+speed given: planned within 156.3 MiB, the plan (parameters stored sharded,
+gathered for their use) simulated at 152.0 MiB, but planning within that failed
+and named 155.1 MiB, because the model over-estimated the sharded plan by 2.7 %
+and the verified search trusts the model's ranking below its least. Two causes,
+both fixed: the profile ran attention under the traced causal mask, whose kernel
+keeps a float copy of the mask for its backward (1 MiB per layer here) that the
+causal kernel the program runs does not keep; and the memory rows counted a
+bucket copy of a gathered parameter's gradient, which is reduced in the graph
+instead. Now the plan within 156.3 MiB is modelled at 155.64 MiB and simulates
+at 155.61 MiB, and planning within any plan's simulated peak succeeds."""
 
 from __future__ import annotations
 
@@ -37,14 +37,11 @@ def _gpt2():
     return model, {"input_ids": ids, "labels": ids}
 
 
-@pytest.mark.xfail(strict=True, reason="the ILP counts a bucket copy that a gathered "
-                   "parameter's gradient does not make (issue 14 point 3, open)")
 @pytest.mark.timeout(600)
 def test_a_plan_that_runs_within_the_budget_is_found():
     model, inputs = _gpt2()
     mesh = DeviceMesh((4,), **MESH)
     loose = plan(model, inputs, mesh, 156.3 * MIB, checkpointing="off", **SPEEDS)
     fits_in = loose.predicted_peak_memory_bytes * 1.002  # the verified search's headroom
-    assert fits_in < loose.solver["modelled_peak_bytes"]  # the model over-estimates it
     tight = plan(model, inputs, mesh, fits_in, checkpointing="off", **SPEEDS)
     assert tight.predicted_peak_memory_bytes * 1.001 <= fits_in

@@ -28,7 +28,7 @@ from automap.generate.ops import loss_denominator, vocab_parallel_embedding
 from automap.generate.state import local_bounds
 from automap.sharding.collectives import split_dim
 from automap.sharding.spec import ShardingSpec
-from automap.trace.causal_mask import CAUSAL_MASK
+from automap.trace.causal_mask import CAUSAL_MASK, causal_call
 
 _SIZE_ARG_OPS = {"view", "reshape", "_unsafe_view", "expand"}
 _MEAN_REDUCTION, _SUM_REDUCTION = 1, 2
@@ -122,11 +122,7 @@ def causal_attention(node: fx.Node, args: tuple, kwargs: dict, node_plan) -> tup
     seq_dim = node.args[0].meta["val"].dim() - 2
     if _axes_of(node_plan.inputs[0], seq_dim):
         return args, kwargs
-    kwargs = dict(kwargs)
-    dropout_p = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
-    for key in ("attn_mask", "dropout_p", "is_causal"):
-        kwargs.pop(key, None)
-    return (*args[:3], None, dropout_p, True), kwargs
+    return causal_call(args, kwargs)
 
 
 RANDOM = {"dropout", "dropout_", "rand_like", "randn_like", "bernoulli"}

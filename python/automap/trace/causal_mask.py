@@ -29,6 +29,17 @@ CAUSAL_MASK = "automap_causal_mask"
 MAX_EVALUATED_ELEMENTS = 2**25
 
 
+def causal_call(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The arguments of a marked attention call as the causal kernel without the
+    mask: what the generated program runs where the queries' sequence is whole
+    (``generate.localize.causal_attention``), and what the profile records."""
+    kwargs = dict(kwargs)
+    dropout_p = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
+    for key in ("attn_mask", "dropout_p", "is_causal"):
+        kwargs.pop(key, None)
+    return (*args[:3], None, dropout_p, True), kwargs
+
+
 def mark_causal_masks(gm: fx.GraphModule) -> int:
     """Mark every attention node of ``gm`` whose mask is the causal pattern; the count."""
     marked = 0
