@@ -167,8 +167,9 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
         key, kind, n, m = entry[:4]
         stages = cut_mesh(mesh, n)
         if kind == _SEARCH:
+            one = prepare(m)
             start = time.perf_counter()
-            found, sub_plan, chain = _search_count(prepare(m), stages, n, m, units, schedule,
+            found, sub_plan, chain = _search_count(one, stages, n, m, units, schedule,
                                                    memory_budget_bytes, optimizer, stacks,
                                                    shared_slowdown, timeouts)
             seconds = time.perf_counter() - start
