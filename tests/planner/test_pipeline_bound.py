@@ -52,7 +52,8 @@ def _plan(case, monkeypatch=None, exhaustive: bool = False, **options):
     (lambda: _mlp(64), dict(op_overhead_s=1e-1)),  # kernel-bound: nothing is pruned
     (lambda: _gpt2(8), {}),
     (lambda: _gpt2(4), dict(memory_bandwidth_bytes_per_s=1e9)),  # microbatches of 1 sample
-], ids=["mlp", "mlp-overheads", "gpt2", "gpt2-memory-bound"])
+    (lambda: _gpt2(8), dict(schedule="interleaved")),  # bounded at the most chunks per rank
+], ids=["mlp", "mlp-overheads", "gpt2", "gpt2-memory-bound", "gpt2-interleaved"])
 def test_best_first_finds_the_exhaustive_plan(monkeypatch, case, options):
     found = _plan(case(), **options)
     with monkeypatch.context() as patched:

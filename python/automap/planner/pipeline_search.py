@@ -112,6 +112,10 @@ class Microbatched:
     simulate: Callable | None = None
 
 
+#: The two kinds of the best-first search's heap entries (``search_pipeline``).
+_SEARCH, _VERIFY = 0, 1
+
+
 def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_bytes,
                     counts: list[int], *, microbatches: Callable[[int], list[int]],
                     schedule: str, optimizer, stacks, intra_op: Plan | None,
@@ -141,9 +145,9 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
     # Heap entries: (key, SEARCH, n, M) to search, key its lower bound;
     # (step, VERIFY, n, M, found) to verify. On equal keys a search goes first.
     heap: list[tuple] = []
+    virtual = MAX_VIRTUAL if schedule == "interleaved" else 1  # the least bound
     for n in tried:
         stages = cut_mesh(mesh, n)
-        virtual = MAX_VIRTUAL if schedule == "interleaved" else 1
         heap += [(step_lower_bound_s(work_s, stages, m, virtual, shared_slowdown), _SEARCH, n, m)
                  for m in microbatches(n)]
     heapq.heapify(heap)
@@ -214,8 +218,6 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
     intra_op.solver["pipeline_candidates"] = candidates
     return intra_op
 
-
-_SEARCH, _VERIFY = 0, 1
 
 
 def _candidate(stages, microbatches: int, bound_s: float, found: Partition | None,
