@@ -14,8 +14,10 @@ stage counts > 1 that cut the mesh), and what the search chose.
 the search also chooses the chunks per rank, shown as ``x v``), so 1F1B's and
 interleaved 1F1B's predicted steps stand side by side. ``--microbatches auto``
 lets the search choose the count per stage count ``n`` (the batch's divisors
-from ``n`` to ``4 n``, each on its own trace: about twice the planning time);
-the pipeline column names the best pipeline's ``M``.
+from ``n`` to ``4 n``, each on its own trace; the pairs are searched
+best-first by a lower bound on their step, and those no better than a
+pipeline found are skipped: ``--json`` counts both); the pipeline column
+names the best pipeline's ``M``.
 
 What to expect (ARCHITECTURE.md, "Microbatches chosen by the search"): with
 slow cross-node links the larger models (39B on 2x8, 76B on 2x8 and 4x8,
@@ -94,6 +96,11 @@ def row(name: str, nodes: int, link: str, batch: int, microbatches: int | str,
     return {"model": name, "nodes": nodes, "link": link, "schedule": schedule,
             "plan_s": plan_s,
             "stage_search_s": sum(c["search_s"] for c in p.solver.get("pipeline_candidates", [])),
+            # (stages, microbatches) pairs searched, and skipped by their lower bound
+            "pairs_searched": sum(not c.get("pruned") for c in p.solver.get("pipeline_candidates",
+                                                                              [])),
+            "pairs_pruned": sum(bool(c.get("pruned")) for c in p.solver.get("pipeline_candidates",
+                                                                             [])),
             "intra_op_ms": None if intra is None else intra * 1e3,
             "pipeline_ms": None if best_pipe is None else best_pipe["step_s"] * 1e3,
             "pipeline_stages": None if best_pipe is None else

@@ -9,8 +9,11 @@ budget (it holds the whole model, a stage about ``1/n`` of it); while the
 stages fit only by recomputing (a stage keeps up to ``n`` microbatches in
 flight), leaner plans are tried (``leaner_budgets``). The budget binds per
 stage, on the stage's own parameters and in-flight activations, and the
-partition enforces it. Planning cost: one to three intra-op plans per ``n``,
-never one per boundary choice.
+partition enforces it. Planning cost: one to three intra-op plans per
+(``n``, ``M``) pair searched, never one per boundary choice; the pairs are
+searched best-first by a lower bound on their step (``pipeline_bound``), and
+those whose bound is no better than a pipeline already found are not
+searched (the plan is the exhaustive search's).
 
 Verification (``simulate`` given): the chosen pipeline's stages are simulated
 (``automap.generate.simulate_pipeline``: the stage's generated module on fake
@@ -24,6 +27,7 @@ if that fails the next stage count is tried, and when none verifies,
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import logging
 import time
 from collections.abc import Callable
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 from automap.checkpoint.chain import choice_of_plan
 from automap.errors import InfeasibleBudgetError, InvalidPipelineError, SolverTimeLimitError
 from automap.generate.simulate import CATEGORIES
+from automap.planner.pipeline_bound import step_lower_bound_s
 from automap.planner.pipeline_chain import build_chain, cut_positions
 from automap.planner.pipeline_mesh import cut_mesh
 from automap.planner.pipeline_partition import Partition, best_partition, price_bounds
@@ -43,8 +48,9 @@ from automap.solve.depth import instance_repeats
 log = logging.getLogger(__name__)
 
 
-def unit_count(traced, blocks, stacks) -> int:
-    """How many units the chain of ``traced`` has (the most stages it can take)."""
+def unit_count(one: Microbatched, stacks) -> int:
+    """How many units the chain of ``one``'s trace has (the most stages it can take)."""
+    traced, blocks = one.traced, one.blocks
     order = [n.name for n in traced.graph.nodes if n.op == "call_function"]
     cuts = cut_positions(traced, order, blocks)
     repeats = instance_repeats(blocks, list(stacks)) if stacks else {}
@@ -106,12 +112,16 @@ class Microbatched:
     simulate: Callable | None = None
 
 
+#: The two kinds of the best-first search's heap entries (``search_pipeline``).
+_SEARCH, _VERIFY = 0, 1
+
+
 def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_bytes,
                     counts: list[int], *, microbatches: Callable[[int], list[int]],
                     schedule: str, optimizer, stacks, intra_op: Plan | None,
                     intra_op_error: InfeasibleBudgetError | None = None,
                     explicit: bool = False, headroom: float = 0.0,
-                    shared_slowdown: float = 1.0) -> Plan:
+                    shared_slowdown: float = 1.0, work_s: float = 0.0) -> Plan:
     """The fastest plan over the stage ``counts`` and, for each count ``n``,
     the microbatch counts ``microbatches(n)`` (one for an explicit
     ``microbatches=M``; several for ``"auto"``, each priced with its own
@@ -120,45 +130,62 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
     or infeasible, ``intra_op_error`` says why). ``explicit``: the caller asked
     for exactly these counts (too few units is then an
     ``InvalidPipelineError``). ``shared_slowdown``: the device profile's
-    (``pipeline_partition.schedule_step_s``)."""
+    (``pipeline_partition.schedule_step_s``).
+
+    ``work_s``: the whole batch's one-device compute (``pipeline_bound``; 0:
+    no bound). The (n, M) pairs are searched best-first: in the order of their
+    lower bounds, a pair's found pipeline verified once no unsearched pair's
+    bound is below its step, so the pipelines are verified in the order of
+    their steps, as if every pair had been searched; the pairs still
+    unsearched when a plan is returned are recorded with their bound
+    (``pruned``), not searched."""
     t0 = time.perf_counter()
     tried = [n for n in counts if n > 1]
-    first = prepare(microbatches(tried[0])[0]) if tried else None
-    units = unit_count(first.traced, first.blocks, stacks) if first is not None else 0
     least = 2 if schedule == "interleaved" else 1  # chunks per stage
-    if explicit and tried and tried[0] * least > units:
+    # Heap entries: (key, SEARCH, n, M) to search, key its lower bound;
+    # (step, VERIFY, n, M, found) to verify. On equal keys a search goes first.
+    heap: list[tuple] = []
+    virtual = MAX_VIRTUAL if schedule == "interleaved" else 1  # the least bound
+    for n in tried:
+        stages = cut_mesh(mesh, n)
+        heap += [(step_lower_bound_s(work_s, stages, m, virtual, shared_slowdown), _SEARCH, n, m)
+                 for m in microbatches(n)]
+    heapq.heapify(heap)
+    units = unit_count(prepare(heap[0][3]), stacks) if heap else 0
+    if explicit and heap and tried[0] * least > units:
         raise InvalidPipelineError(
             f"pipeline={tried[0]} stages but the model splits into at most {units} "
             + ("stages" if least == 1 else f"chunks, and interleaved 1F1B needs at least "
                f"{least} per stage ({least * tried[0]})")
             + " (its layers and the parts before and after them)")
     tried = [n for n in tried if n * least <= units]
+    heap = [entry for entry in heap if entry[2] in tried]
+    heapq.heapify(heap)
     candidates: list[dict] = []
-    found_by_n: list[tuple] = []
+    found_any = False
     timeouts: list[SolverTimeLimitError] = []
-    for n in tried:
+    intra_s = intra_op.predicted_step_s if intra_op is not None else None
+    least_peak: float | None = None  # the least simulated worst-stage peak seen
+    while heap:
+        entry = heapq.heappop(heap)
+        key, kind, n, m = entry[:4]
         stages = cut_mesh(mesh, n)
-        for m in microbatches(n):
+        if kind == _SEARCH:
             one = prepare(m)
             start = time.perf_counter()
             found, sub_plan, chain = _search_count(one, stages, n, m, units, schedule,
                                                    memory_budget_bytes, optimizer, stacks,
                                                    shared_slowdown, timeouts)
             seconds = time.perf_counter() - start
-            candidates.append({"stages": n, "submesh_shape": list(stages.submesh_shape),
-                               "microbatches": m,
-                               "step_s": None if found is None else found.step_s,
-                               "virtual_stages": None if found is None else found.virtual,
-                               "search_s": seconds})
+            candidates.append(_candidate(stages, m, key, found, seconds))
             log.info("%d stages of %s, %d microbatches: %s (%.2f s)", n, stages.submesh_shape,
                      m, "no split fits" if found is None else
                      f"step {found.step_s * 1e3:.3f} ms", seconds)
             if found is not None and sub_plan is not None:
-                found_by_n.append((found.step_s, n, m, sub_plan, found, (stages, chain)))
-    intra_s = intra_op.predicted_step_s if intra_op is not None else None
-    least_peak: float | None = None  # the least_peak simulated worst-stage peak seen
-    for _, _n, m, sub_plan, partition, (stages, chain) in sorted(found_by_n,
-                                                                  key=lambda f: f[:3]):
+                found_any = True
+                heapq.heappush(heap, (found.step_s, _VERIFY, n, m, (sub_plan, found, chain)))
+            continue
+        sub_plan, partition, chain = entry[4]
         if intra_s is not None and intra_s <= partition.step_s and not explicit:
             break
         plan, seen = _verified(sub_plan, partition, stages, chain, m, schedule,
@@ -168,11 +195,13 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
             least_peak = seen if least_peak is None else min(least_peak, seen)
         if plan is not None and not (intra_s is not None and intra_s <= plan.predicted_step_s
                                      and not explicit):
+            _record_pruned(heap, mesh, candidates)
             return plan
+    _record_pruned(heap, mesh, candidates)
     if intra_op is None:
         if intra_op_error is not None and least_peak is None:
             raise intra_op_error
-        if timeouts and not found_by_n:
+        if timeouts and not found_any:
             raise timeouts[0]
         if least_peak is not None:
             raise InfeasibleBudgetError(
@@ -188,6 +217,26 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
             None)
     intra_op.solver["pipeline_candidates"] = candidates
     return intra_op
+
+
+
+def _candidate(stages, microbatches: int, bound_s: float, found: Partition | None,
+               seconds: float, pruned: bool = False) -> dict:
+    """One (n, M) pair's entry in ``solver["pipeline_candidates"]``."""
+    return {"stages": stages.count, "submesh_shape": list(stages.submesh_shape),
+            "microbatches": microbatches,
+            "step_s": None if found is None else found.step_s,
+            "virtual_stages": None if found is None else found.virtual,
+            "lower_bound_s": bound_s, "pruned": pruned, "search_s": seconds}
+
+
+def _record_pruned(heap: list[tuple], mesh, candidates: list[dict]) -> None:
+    """Records the pairs left unsearched in ``heap`` (their bound is no better
+    than a pipeline already found, or than the intra-op plan)."""
+    for entry in sorted(heap):
+        if entry[1] == _SEARCH:
+            candidates.append(_candidate(cut_mesh(mesh, entry[2]), entry[3], entry[0], None,
+                                         0.0, pruned=True))
 
 
 def _search_count(one: Microbatched, stages, n: int, microbatches: int, units: int,

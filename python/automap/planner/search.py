@@ -33,6 +33,7 @@ from automap.planner.checks import (
 )
 from automap.planner.microbatch import example_batch, microbatch_counts, microbatch_inputs
 from automap.planner.per_microbatch import per_microbatch_table
+from automap.planner.pipeline_bound import batch_work_s
 from automap.planner.pipeline_search import STAGE_HEADROOM, Microbatched, search_pipeline
 from automap.planner.plan import EdgePlan, NodePlan, Plan, current_versions, graph_fingerprint
 from automap.planner.plan import format_bytes as _size
@@ -235,10 +236,12 @@ def plan(
                 raise
             intra_op_error = err
     if counts != [1]:
+        work_s = batch_work_s(traced, profile, device, optimizer, stacks)
         found = _plan_pipelined(model, example_inputs, meshes[0], memory_budget_bytes, counts,
                                 microbatches, schedule, loss_fn or default_loss,
                                 mixed_precision, reduce_depth, found, intra_op_error,
-                                explicit=pipeline != "auto", verify=verify, **options)
+                                explicit=pipeline != "auto", verify=verify, work_s=work_s,
+                                **options)
     assert found is not None  # n = 1 planned, or the pipeline search returned or raised
     found.inputs = describe_inputs(example_inputs)
     return found
@@ -246,12 +249,15 @@ def plan(
 
 def _plan_pipelined(model, example_inputs, mesh, memory_budget_bytes, counts, microbatches,
                     schedule, loss_fn, mixed_precision, reduce_depth, intra_op,
-                    intra_op_error, explicit, verify: bool = True, **options) -> Plan:
+                    intra_op_error, explicit, verify: bool = True, work_s: float = 0.0,
+                    **options) -> Plan:
     """The stage search of ``automap.planner.pipeline_search`` on one
     microbatch of ``example_inputs`` (``microbatches="auto"``: one trace per
-    count of microbatches tried, ``microbatch.microbatch_counts``); ``verify``:
+    count of microbatches searched, ``microbatch.microbatch_counts``); ``verify``:
     the chosen pipeline's stages are simulated (``simulate_pipeline``; not for
-    depth-reduced plans, which are not generated)."""
+    depth-reduced plans, which are not generated); ``work_s``: the whole
+    batch's one-device compute, which bounds each (stages, microbatches)
+    pair's step from below (``pipeline_bound``)."""
     from automap.trace.profiling import profile_traced
     from automap.trace.tracing import trace
 
@@ -300,7 +306,7 @@ def _plan_pipelined(model, example_inputs, mesh, memory_budget_bytes, counts, mi
                            schedule=schedule, optimizer=options["optimizer"], stacks=reduced,
                            intra_op=intra_op, intra_op_error=intra_op_error, explicit=explicit,
                            headroom=max(HEADROOM, STAGE_HEADROOM),
-                           shared_slowdown=options["device"].shared_slowdown)
+                           shared_slowdown=options["device"].shared_slowdown, work_s=work_s)
 
 
 def parameter_dtype(traced) -> torch.dtype:
