@@ -202,3 +202,92 @@ def test_lp_feasibility_proofs_are_kept_monotone(seed, monkeypatch):
         assert not ilp.could_fit(infeasible * 0.999)
     if True in fresh:
         assert ilp.could_fit(budgets[fresh.index(True)] * 1.001)
+
+
+def _recorded_runs(monkeypatch) -> list:
+    """Every HiGHS run of every ``ShardingIlp``: (iteration limit asked for,
+    the time limit it was given past the run time before it, its simplex
+    iteration limit, status, iterations)."""
+    runs = []
+    original = ShardingIlp._run
+
+    def run(self, h, iterations=None):
+        before = h.getRunTime()
+        status = original(self, h, iterations=iterations)
+        runs.append((iterations, h.getOptionValue("time_limit")[1] - before,
+                     h.getOptionValue("simplex_iteration_limit")[1], status,
+                     h.getInfo().simplex_iteration_count))
+        return status
+    monkeypatch.setattr(ShardingIlp, "_run", run)
+    return runs
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_quick_lp_probes_stop_on_iterations_not_on_the_clock(seed, monkeypatch):
+    """Issue 15: a quick probe is cut short by a simplex iteration limit and
+    gets the whole time limit, so what it proves, and the path the search
+    takes after it, do not depend on the machine's load: the same runs, to
+    the iteration, under a time limit of 5 s and of 5,000 s, and the same
+    decisions as probes never cut short."""
+    from automap.solve import ilp as ilp_module
+
+    rng = random.Random(4000 + seed)
+    mesh = DeviceMesh((2, 2), alpha_s=[1e-6, 1e-5])
+    table = _random_table(rng, mesh)
+    fastest = ShardingIlp(table, merge_followers=False, exact_columns=0).solve(None)
+    budgets = [fastest.peak_memory_bytes * f for f in (0.6, 0.2, 0.95, 0.4, 0.8, 0.05)]
+    uncut = [ShardingIlp(table, merge_followers=False, exact_columns=0).could_fit(b)
+             for b in budgets]
+    # One iteration per probe: most are cut short.
+    monkeypatch.setattr(ilp_module, "QUICK_LP_ITERATIONS_PER_ROW", 1e-9)
+    runs = _recorded_runs(monkeypatch)
+    decided, sequences = [], []
+    for limit_s in (5.0, 5000.0):
+        runs.clear()
+        ilp = ShardingIlp(table, merge_followers=False, exact_columns=0, time_limit_s=limit_s)
+        decided.append([ilp.could_fit(b) for b in budgets])
+        probes = [r for r in runs if r[0] is not None]
+        assert all(r[0] == 1 and r[2] == 1 for r in probes)  # the iteration limit asked for
+        assert all(r[1] == pytest.approx(limit_s) for r in runs)  # never a share of the clock
+        assert all(r[2] == 2**31 - 1 for r in runs if r[0] is None)  # full runs: no limit
+        sequences.append([(r[0], r[3], r[4]) for r in runs])
+    assert decided[0] == decided[1] == uncut
+    assert sequences[0] == sequences[1]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_proof_of_infeasibility_leaves_no_trace_on_the_next_budget(seed, monkeypatch):
+    """Issue 15: after the LP relaxation proves a budget infeasible, the next
+    budget's LP starts from the basis of the last optimum, as if the proof had
+    not run: the same iterations and the same solution. (Started from the
+    proof's basis, HiGHS's dual simplex stalled in column choice failures on
+    GPT-2 small on (2,2,4): 20 s for 4,347 iterations.)"""
+    rng = random.Random(5000 + seed)
+    mesh = DeviceMesh((2, 2), alpha_s=[1e-6, 1e-5])
+    table = _random_table(rng, mesh)
+    fastest = ShardingIlp(table, merge_followers=False, exact_columns=0).solve(None)
+    fractions = np.linspace(0.02, 0.98, 25)
+    fits = [ShardingIlp(table, merge_followers=False, exact_columns=0).could_fit(
+        fastest.peak_memory_bytes * f) for f in fractions]
+    if True not in fits or False not in fits or fits.index(True) + 1 >= len(fits):
+        pytest.skip("no budget the LP proves infeasible below two it finds feasible")
+    infeasible = fastest.peak_memory_bytes * fractions[fits.index(True) - 1]
+    low = fastest.peak_memory_bytes * fractions[fits.index(True)]
+    high = fastest.peak_memory_bytes * 0.99
+    runs = _recorded_runs(monkeypatch)
+    answers = []
+    for proofs in ([], [infeasible]):
+        ilp = ShardingIlp(table, merge_followers=False, exact_columns=0)
+        model = ilp._build(high)
+        ilp._budgeted = model
+        assert ilp._relaxed(model, high, find_least=False) is not None
+        for budget in proofs:
+            with pytest.raises(InfeasibleBudgetError):
+                ilp._relaxed(model, budget, find_least=False)
+        runs.clear()
+        x, objective = ilp._relaxed(model, low, find_least=False)
+        answers.append(([r[4] for r in runs], x, objective))
+    assert answers[0][0] == answers[1][0]
+    # (The same vertex; the last bits of the factorisation may differ.)
+    assert np.allclose(answers[0][1], answers[1][1], rtol=0, atol=1e-9)
+    assert answers[0][2] == pytest.approx(answers[1][2], rel=1e-12)

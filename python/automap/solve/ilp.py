@@ -166,6 +166,11 @@ class _Model:
     least_relaxed: highspy.Highs | None = None
     mip: highspy.Highs | None = None
     lagrangian: highspy.Highs | None = None
+    #: The relaxation's basis at its last optimum: where a budget's LP starts
+    #: after a proof of infeasibility (whose basis stalled the next budget's
+    #: dual simplex in column choice failures: 4,347 iterations in 20 s on
+    #: GPT-2 small on (2,2,4), where from this basis they take 1-3 s).
+    basis: highspy.HighsBasis | None = None
 
     @cached_property
     def binaries(self) -> np.ndarray:
@@ -216,9 +221,14 @@ _DIVE_STEPS, _DIVE_TRIES, _DIVE_FAILURES = 400, 2, 4
 #: The least-budget MIP's tie-break among plans of least peak: compute time,
 #: all of it priced at this share of the least budget's LP bound.
 LEAST_TIE_WEIGHT = 1e-5
-#: A budgeted LP relaxation is first tried for this share of the time limit before
-#: the least-budget LP (slow on some models) decides whether the budget can fit.
-QUICK_LP_SHARE = 0.1
+#: A budgeted LP relaxation is first tried for this many simplex iterations per
+#: row of the model before the least-budget LP (slow on some models) decides
+#: whether the budget can fit. An iteration limit, not a share of the time
+#: limit: a probe cut short sends the search down another path, so a
+#: wall-clock limit made the plan depend on the machine's load.
+QUICK_LP_ITERATIONS_PER_ROW = 1.0
+#: HiGHS's default simplex iteration limit (none).
+_NO_ITERATION_LIMIT = 2**31 - 1
 #: A binary this close to 0 or 1 counts as integral.
 _INTEGRAL = 1e-6
 
@@ -401,6 +411,8 @@ class ShardingIlp:
             model.relaxed = _load(model.lp, self.time_limit_s, self.mip_rel_gap, relax=True)
         h = model.relaxed
         if budget is not None:
+            if h.getModelStatus() != highspy.HighsModelStatus.kOptimal and model.basis is not None:
+                h.setBasis(model.basis)
             h.changeColBounds(model.budget_col, budget / model.mem_unit, budget / model.mem_unit)
             if budget <= self._lp_infeasible_bytes:
                 self._infeasible(model, budget, find_least)  # a larger budget was proved so
@@ -409,9 +421,9 @@ class ShardingIlp:
                 # on (2,2,2): 1.3 s, where the least-budget LP takes 12-34 s), and
                 # most that do not are proved so as fast (0.4-1.7 s; the search
                 # bisects its ladder's rungs with these proofs).
-                status = self._run(h, self.time_limit_s * QUICK_LP_SHARE)
+                status = self._run(h, iterations=self._quick_iterations(model))
                 if status == highspy.HighsModelStatus.kOptimal:
-                    return self._feasible_at(h, budget)
+                    return self._feasible_at(model, h, budget)
                 if status == highspy.HighsModelStatus.kInfeasible:
                     self._lp_infeasible_bytes = max(self._lp_infeasible_bytes, budget)
                     self._infeasible(model, budget, find_least)
@@ -428,21 +440,29 @@ class ShardingIlp:
             self._infeasible(model, budget, find_least)
         if status != highspy.HighsModelStatus.kOptimal:
             return None
-        return self._feasible_at(h, budget)
+        return self._feasible_at(model, h, budget)
 
-    def _feasible_at(self, h: highspy.Highs, budget: float | None):
+    def _feasible_at(self, model: _Model, h: highspy.Highs, budget: float | None):
         """The optimal relaxation's (column values, objective); under a budget,
         every larger budget's relaxation is feasible too."""
         if budget is not None:
             self._lp_feasible_bytes = min(self._lp_feasible_bytes, budget)
+        model.basis = h.getBasis()
         return np.asarray(h.getSolution().col_value), float(h.getInfo().objective_function_value)
 
-    def _run(self, h: highspy.Highs, limit_s: float | None = None):
-        """Run ``h`` for at most ``limit_s`` (default ``time_limit_s``) more seconds
-        (HiGHS's limit counts the instance's whole run time) and return its status."""
-        h.setOptionValue("time_limit", h.getRunTime() + (limit_s or self.time_limit_s))
+    def _run(self, h: highspy.Highs, iterations: int | None = None):
+        """Run ``h`` for at most ``time_limit_s`` more seconds (HiGHS's limit
+        counts the instance's whole run time) and, when given, ``iterations``
+        simplex iterations (counted per run), and return its status."""
+        h.setOptionValue("time_limit", h.getRunTime() + self.time_limit_s)
+        h.setOptionValue("simplex_iteration_limit",
+                         _NO_ITERATION_LIMIT if iterations is None else int(iterations))
         h.run()
         return h.getModelStatus()
+
+    @staticmethod
+    def _quick_iterations(model: _Model) -> int:
+        return max(1, int(QUICK_LP_ITERATIONS_PER_ROW * model.lp.num_row_))
 
     def _infeasible(self, model: _Model, budget: float, find_least: bool = True):
         """Raise ``InfeasibleBudgetError`` naming the least budget (found once,
