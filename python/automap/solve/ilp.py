@@ -167,9 +167,10 @@ class _Model:
     mip: highspy.Highs | None = None
     lagrangian: highspy.Highs | None = None
     #: The relaxation's basis at its last optimum: where a budget's LP starts
-    #: after a proof of infeasibility (whose basis stalled the next budget's
-    #: dual simplex in column choice failures: 4,347 iterations in 20 s on
-    #: GPT-2 small on (2,2,4), where from this basis they take 1-3 s).
+    #: after a proof of infeasibility (from scratch before any optimum): the
+    #: proof's basis stalled the next budget's dual simplex in column choice
+    #: failures (4,347 iterations in 17-20 s on GPT-2 small on (2,2,4), where
+    #: from scratch 7,853 take 2.9 s).
     basis: highspy.HighsBasis | None = None
 
     @cached_property
@@ -227,6 +228,9 @@ LEAST_TIE_WEIGHT = 1e-5
 #: limit: a probe cut short sends the search down another path, so a
 #: wall-clock limit made the plan depend on the machine's load.
 QUICK_LP_ITERATIONS_PER_ROW = 1.0
+#: ... and never fewer than this many (small models' LPs take more iterations
+#: than they have rows, and little time).
+QUICK_LP_MIN_ITERATIONS = 1_000
 #: HiGHS's default simplex iteration limit (none).
 _NO_ITERATION_LIMIT = 2**31 - 1
 #: A binary this close to 0 or 1 counts as integral.
@@ -411,8 +415,11 @@ class ShardingIlp:
             model.relaxed = _load(model.lp, self.time_limit_s, self.mip_rel_gap, relax=True)
         h = model.relaxed
         if budget is not None:
-            if h.getModelStatus() != highspy.HighsModelStatus.kOptimal and model.basis is not None:
-                h.setBasis(model.basis)
+            if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+                if model.basis is not None:
+                    h.setBasis(model.basis)
+                else:
+                    h.clearSolver()  # from scratch, as the first budget started
             h.changeColBounds(model.budget_col, budget / model.mem_unit, budget / model.mem_unit)
             if budget <= self._lp_infeasible_bytes:
                 self._infeasible(model, budget, find_least)  # a larger budget was proved so
@@ -462,7 +469,7 @@ class ShardingIlp:
 
     @staticmethod
     def _quick_iterations(model: _Model) -> int:
-        return max(1, int(QUICK_LP_ITERATIONS_PER_ROW * model.lp.num_row_))
+        return max(QUICK_LP_MIN_ITERATIONS, int(QUICK_LP_ITERATIONS_PER_ROW * model.lp.num_row_))
 
     def _infeasible(self, model: _Model, budget: float, find_least: bool = True):
         """Raise ``InfeasibleBudgetError`` naming the least budget (found once,
