@@ -239,7 +239,7 @@ def test_quick_lp_probes_stop_on_iterations_not_on_the_clock(seed, monkeypatch):
     uncut = [ShardingIlp(table, merge_followers=False, exact_columns=0).could_fit(b)
              for b in budgets]
     # One iteration per probe: most are cut short.
-    monkeypatch.setattr(ilp_module, "QUICK_LP_ITERATIONS_PER_ROW", 1e-9)
+    monkeypatch.setattr(ilp_module, "QUICK_LP_WORK", 1e-9)
     monkeypatch.setattr(ilp_module, "QUICK_LP_MIN_ITERATIONS", 1)
     runs = _recorded_runs(monkeypatch)
     decided, sequences = [], []
