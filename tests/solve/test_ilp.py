@@ -169,19 +169,23 @@ def test_budgets_that_fit_need_no_least_budget_lp(seed, monkeypatch):
     assert ilp.could_fit(fastest.peak_memory_bytes * 1.001)
 
 
+def _fresh_decisions(seed: int, fractions):
+    """A random table, budgets at ``fractions`` of its fastest plan's peak, and
+    whether a fresh instance's LP relaxation may fit each."""
+    table = _random_table(random.Random(seed), DeviceMesh((2, 2), alpha_s=[1e-6, 1e-5]))
+    fastest = ShardingIlp(table, merge_followers=False, exact_columns=0).solve(None)
+    budgets = [fastest.peak_memory_bytes * f for f in fractions]
+    return table, budgets, [ShardingIlp(table, merge_followers=False,
+                                        exact_columns=0).could_fit(b) for b in budgets]
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_lp_feasibility_proofs_are_kept_monotone(seed, monkeypatch):
     """Issue 15: the budgeted LP's feasibility is monotone in the budget, so
     one proof decides every smaller budget (infeasible) or every larger one
     (feasible) without HiGHS; each decision is the one a fresh instance
     makes, and ``could_fit`` never needs the least-budget LP to decide."""
-    rng = random.Random(3000 + seed)
-    mesh = DeviceMesh((2, 2), alpha_s=[1e-6, 1e-5])
-    table = _random_table(rng, mesh)
-    fastest = ShardingIlp(table, merge_followers=False, exact_columns=0).solve(None)
-    budgets = [fastest.peak_memory_bytes * f for f in (0.05, 0.2, 0.4, 0.6, 0.8, 0.95)]
-    fresh = [ShardingIlp(table, merge_followers=False, exact_columns=0).could_fit(b)
-             for b in budgets]
+    table, budgets, fresh = _fresh_decisions(3000 + seed, (0.05, 0.2, 0.4, 0.6, 0.8, 0.95))
     assert fresh == sorted(fresh)  # monotone: False ... False True ... True
     ilp = ShardingIlp(table, merge_followers=False, exact_columns=0)
     least_lps = []
@@ -231,13 +235,7 @@ def test_quick_lp_probes_stop_on_iterations_not_on_the_clock(seed, monkeypatch):
     decisions as probes never cut short."""
     from automap.solve import ilp as ilp_module
 
-    rng = random.Random(4000 + seed)
-    mesh = DeviceMesh((2, 2), alpha_s=[1e-6, 1e-5])
-    table = _random_table(rng, mesh)
-    fastest = ShardingIlp(table, merge_followers=False, exact_columns=0).solve(None)
-    budgets = [fastest.peak_memory_bytes * f for f in (0.6, 0.2, 0.95, 0.4, 0.8, 0.05)]
-    uncut = [ShardingIlp(table, merge_followers=False, exact_columns=0).could_fit(b)
-             for b in budgets]
+    table, budgets, uncut = _fresh_decisions(4000 + seed, (0.6, 0.2, 0.95, 0.4, 0.8, 0.05))
     # One iteration per probe: most are cut short.
     monkeypatch.setattr(ilp_module, "QUICK_LP_WORK", 1e-9)
     monkeypatch.setattr(ilp_module, "QUICK_LP_MIN_ITERATIONS", 1)
