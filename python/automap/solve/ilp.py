@@ -167,10 +167,12 @@ class _Model:
     mip: highspy.Highs | None = None
     lagrangian: highspy.Highs | None = None
     #: The relaxation's basis at its last optimum: where a budget's LP starts
-    #: after a proof of infeasibility (from scratch before any optimum): the
-    #: proof's basis stalled the next budget's dual simplex in column choice
-    #: failures (4,347 iterations in 17-20 s on GPT-2 small on (2,2,4), where
-    #: from scratch 7,853 take 2.9 s).
+    #: after a proof of infeasibility (2,169 iterations where the proof's basis
+    #: took 7,896, GPT-2 small on (2,2,2)). Before any optimum the proof's basis
+    #: is kept: from scratch was slower on 2x4 (HiGHS 2.6 s against 0.14 s a
+    #: plan) and sent (2,2,2)'s dive down a dearer path (21 s against 11 s),
+    #: though on (2,2,4) at 0.3x that basis stalled HiGHS in column choice
+    #: failures (4,347 iterations in 17-20 s).
     basis: highspy.HighsBasis | None = None
 
     @cached_property
@@ -418,11 +420,8 @@ class ShardingIlp:
             model.relaxed = _load(model.lp, self.time_limit_s, self.mip_rel_gap, relax=True)
         h = model.relaxed
         if budget is not None:
-            if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-                if model.basis is not None:
-                    h.setBasis(model.basis)
-                else:
-                    h.clearSolver()  # from scratch, as the first budget started
+            if h.getModelStatus() != highspy.HighsModelStatus.kOptimal and model.basis is not None:
+                h.setBasis(model.basis)
             h.changeColBounds(model.budget_col, budget / model.mem_unit, budget / model.mem_unit)
             if budget <= self._lp_infeasible_bytes:
                 self._infeasible(model, budget, find_least)  # a larger budget was proved so
