@@ -166,14 +166,6 @@ class _Model:
     least_relaxed: highspy.Highs | None = None
     mip: highspy.Highs | None = None
     lagrangian: highspy.Highs | None = None
-    #: The relaxation's basis at its last optimum: where a budget's LP starts
-    #: after a proof of infeasibility (2,169 iterations where the proof's basis
-    #: took 7,896, GPT-2 small on (2,2,2)). Before any optimum the proof's basis
-    #: is kept: from scratch was slower on 2x4 (HiGHS 2.6 s against 0.14 s a
-    #: plan) and sent (2,2,2)'s dive down a dearer path (21 s against 11 s),
-    #: though on (2,2,4) at 0.3x that basis stalled HiGHS in column choice
-    #: failures (4,347 iterations in 17-20 s).
-    basis: highspy.HighsBasis | None = None
 
     @cached_property
     def binaries(self) -> np.ndarray:
@@ -420,8 +412,6 @@ class ShardingIlp:
             model.relaxed = _load(model.lp, self.time_limit_s, self.mip_rel_gap, relax=True)
         h = model.relaxed
         if budget is not None:
-            if h.getModelStatus() != highspy.HighsModelStatus.kOptimal and model.basis is not None:
-                h.setBasis(model.basis)
             h.changeColBounds(model.budget_col, budget / model.mem_unit, budget / model.mem_unit)
             if budget <= self._lp_infeasible_bytes:
                 self._infeasible(model, budget, find_least)  # a larger budget was proved so
@@ -432,7 +422,7 @@ class ShardingIlp:
                 # bisects its ladder's rungs with these proofs).
                 status = self._run(h, iterations=self._quick_iterations(model))
                 if status == highspy.HighsModelStatus.kOptimal:
-                    return self._feasible_at(model, h, budget)
+                    return self._feasible_at(h, budget)
                 if status == highspy.HighsModelStatus.kInfeasible:
                     self._lp_infeasible_bytes = max(self._lp_infeasible_bytes, budget)
                     self._infeasible(model, budget, find_least)
@@ -449,14 +439,13 @@ class ShardingIlp:
             self._infeasible(model, budget, find_least)
         if status != highspy.HighsModelStatus.kOptimal:
             return None
-        return self._feasible_at(model, h, budget)
+        return self._feasible_at(h, budget)
 
-    def _feasible_at(self, model: _Model, h: highspy.Highs, budget: float | None):
+    def _feasible_at(self, h: highspy.Highs, budget: float | None):
         """The optimal relaxation's (column values, objective); under a budget,
         every larger budget's relaxation is feasible too."""
         if budget is not None:
             self._lp_feasible_bytes = min(self._lp_feasible_bytes, budget)
-        model.basis = h.getBasis()
         return np.asarray(h.getSolution().col_value), float(h.getInfo().objective_function_value)
 
     def _run(self, h: highspy.Highs, iterations: int | None = None):
