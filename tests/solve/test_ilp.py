@@ -169,19 +169,23 @@ def test_budgets_that_fit_need_no_least_budget_lp(seed, monkeypatch):
     assert ilp.could_fit(fastest.peak_memory_bytes * 1.001)
 
 
+def _fresh_decisions(seed: int, fractions):
+    """A random table, budgets at ``fractions`` of its fastest plan's peak, and
+    whether a fresh instance's LP relaxation may fit each."""
+    table = _random_table(random.Random(seed), DeviceMesh((2, 2), alpha_s=[1e-6, 1e-5]))
+    fastest = ShardingIlp(table, merge_followers=False, exact_columns=0).solve(None)
+    budgets = [fastest.peak_memory_bytes * f for f in fractions]
+    return table, budgets, [ShardingIlp(table, merge_followers=False,
+                                        exact_columns=0).could_fit(b) for b in budgets]
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_lp_feasibility_proofs_are_kept_monotone(seed, monkeypatch):
     """Issue 15: the budgeted LP's feasibility is monotone in the budget, so
     one proof decides every smaller budget (infeasible) or every larger one
     (feasible) without HiGHS; each decision is the one a fresh instance
     makes, and ``could_fit`` never needs the least-budget LP to decide."""
-    rng = random.Random(3000 + seed)
-    mesh = DeviceMesh((2, 2), alpha_s=[1e-6, 1e-5])
-    table = _random_table(rng, mesh)
-    fastest = ShardingIlp(table, merge_followers=False, exact_columns=0).solve(None)
-    budgets = [fastest.peak_memory_bytes * f for f in (0.05, 0.2, 0.4, 0.6, 0.8, 0.95)]
-    fresh = [ShardingIlp(table, merge_followers=False, exact_columns=0).could_fit(b)
-             for b in budgets]
+    table, budgets, fresh = _fresh_decisions(3000 + seed, (0.05, 0.2, 0.4, 0.6, 0.8, 0.95))
     assert fresh == sorted(fresh)  # monotone: False ... False True ... True
     ilp = ShardingIlp(table, merge_followers=False, exact_columns=0)
     least_lps = []
@@ -202,3 +206,50 @@ def test_lp_feasibility_proofs_are_kept_monotone(seed, monkeypatch):
         assert not ilp.could_fit(infeasible * 0.999)
     if True in fresh:
         assert ilp.could_fit(budgets[fresh.index(True)] * 1.001)
+
+
+def _recorded_runs(monkeypatch) -> list:
+    """Every HiGHS run of every ``ShardingIlp``: (iteration limit asked for,
+    the time limit it was given past the run time before it, its simplex
+    iteration limit, status, iterations)."""
+    runs = []
+    original = ShardingIlp._run
+
+    def run(self, h, iterations=None):
+        before = h.getRunTime()
+        status = original(self, h, iterations=iterations)
+        runs.append((iterations, h.getOptionValue("time_limit")[1] - before,
+                     h.getOptionValue("simplex_iteration_limit")[1], status,
+                     h.getInfo().simplex_iteration_count))
+        return status
+    monkeypatch.setattr(ShardingIlp, "_run", run)
+    return runs
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_quick_lp_probes_stop_on_iterations_not_on_the_clock(seed, monkeypatch):
+    """Issue 15: a quick probe is cut short by a simplex iteration limit and
+    gets the whole time limit, so what it proves, and the path the search
+    takes after it, do not depend on the machine's load: the same runs, to
+    the iteration, under a time limit of 5 s and of 5,000 s, and the same
+    decisions as probes never cut short."""
+    from automap.solve import ilp as ilp_module
+
+    table, budgets, uncut = _fresh_decisions(4000 + seed, (0.6, 0.2, 0.95, 0.4, 0.8, 0.05))
+    # One iteration per probe: most are cut short.
+    monkeypatch.setattr(ilp_module, "QUICK_LP_WORK", 1e-9)
+    monkeypatch.setattr(ilp_module, "QUICK_LP_MIN_ITERATIONS", 1)
+    runs = _recorded_runs(monkeypatch)
+    decided, sequences = [], []
+    for limit_s in (5.0, 5000.0):
+        runs.clear()
+        ilp = ShardingIlp(table, merge_followers=False, exact_columns=0, time_limit_s=limit_s)
+        decided.append([ilp.could_fit(b) for b in budgets])
+        probes = [r for r in runs if r[0] is not None]
+        assert all(r[0] == 1 and r[2] == 1 for r in probes)  # the iteration limit asked for
+        assert all(r[1] == pytest.approx(limit_s) for r in runs)  # never a share of the clock
+        assert all(r[2] == 2**31 - 1 for r in runs if r[0] is None)  # full runs: no limit
+        sequences.append([(r[0], r[3], r[4]) for r in runs])
+    assert decided[0] == decided[1] == uncut
+    assert sequences[0] == sequences[1]
+

@@ -252,3 +252,31 @@ def test_estimate_cli(tmp_path, capsys):
     args = parser.parse_args(["estimate", f"{factory}:missing"])
     assert args.run(args) == 1
     assert "no function 'missing'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["sgd", "sgd_momentum", "adam", "adamw"])
+def test_optimizer_state_is_created_as_the_optimizers_own_kernels_would(name):
+    """Issue 15: the state-creating step runs the multi-tensor kernels (half the
+    FakeTensor dispatches); the state is the one the optimizer's own kernels
+    create, and the optimizer keeps its own kernels for the step profiled."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from automap.trace.profiling import OPTIMIZERS, create_optimizer_state, optimizer_tensors
+
+    def state(create):
+        with FakeTensorMode():
+            params = [torch.empty(shape, requires_grad=True) for shape in ((3, 5), (7,), ())]
+            opt = OPTIMIZERS[name](params, False)
+            create(opt, params)
+            kernels = [group["foreach"] for group in opt.param_groups]
+            return [(tuple(t.shape), t.dtype, t.stride(), t.device)
+                    for t in optimizer_tensors(opt)], kernels
+
+    def own_kernels(opt, params):
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    assert state(create_optimizer_state) == state(own_kernels)
+    assert state(create_optimizer_state)[1] == [False]

@@ -216,9 +216,20 @@ _DIVE_STEPS, _DIVE_TRIES, _DIVE_FAILURES = 400, 2, 4
 #: The least-budget MIP's tie-break among plans of least peak: compute time,
 #: all of it priced at this share of the least budget's LP bound.
 LEAST_TIE_WEIGHT = 1e-5
-#: A budgeted LP relaxation is first tried for this share of the time limit before
-#: the least-budget LP (slow on some models) decides whether the budget can fit.
-QUICK_LP_SHARE = 0.1
+#: A budgeted LP relaxation is first tried for this much simplex work (iterations
+#: times the constraint matrix's nonzeros, which each iteration's pricing scans)
+#: before the least-budget LP (slow on some models) decides whether the budget
+#: can fit. A work limit, not a share of the time limit: a probe cut short sends
+#: the search down another path, so a wall-clock limit made the plan depend on
+#: the machine's load. This much is about the old share, 6 s, on a quiet
+#: machine: GPT-2 small on (2,2,4) (0.80 M nonzeros) 16 k iterations, where
+#: its probes and those on (2,2,2) took 3.3-7.9 k; a 2x4 mesh's LP (10 k
+#: columns) is not cut short by it.
+QUICK_LP_WORK = 1.3e10
+#: ... and never fewer iterations than this (small models' LPs take little time).
+QUICK_LP_MIN_ITERATIONS = 1_000
+#: HiGHS's default simplex iteration limit (none).
+_NO_ITERATION_LIMIT = 2**31 - 1
 #: A binary this close to 0 or 1 counts as integral.
 _INTEGRAL = 1e-6
 
@@ -409,7 +420,7 @@ class ShardingIlp:
                 # on (2,2,2): 1.3 s, where the least-budget LP takes 12-34 s), and
                 # most that do not are proved so as fast (0.4-1.7 s; the search
                 # bisects its ladder's rungs with these proofs).
-                status = self._run(h, self.time_limit_s * QUICK_LP_SHARE)
+                status = self._run(h, iterations=self._quick_iterations(model))
                 if status == highspy.HighsModelStatus.kOptimal:
                     return self._feasible_at(h, budget)
                 if status == highspy.HighsModelStatus.kInfeasible:
@@ -437,12 +448,20 @@ class ShardingIlp:
             self._lp_feasible_bytes = min(self._lp_feasible_bytes, budget)
         return np.asarray(h.getSolution().col_value), float(h.getInfo().objective_function_value)
 
-    def _run(self, h: highspy.Highs, limit_s: float | None = None):
-        """Run ``h`` for at most ``limit_s`` (default ``time_limit_s``) more seconds
-        (HiGHS's limit counts the instance's whole run time) and return its status."""
-        h.setOptionValue("time_limit", h.getRunTime() + (limit_s or self.time_limit_s))
+    def _run(self, h: highspy.Highs, iterations: int | None = None):
+        """Run ``h`` for at most ``time_limit_s`` more seconds (HiGHS's limit
+        counts the instance's whole run time) and, when given, ``iterations``
+        simplex iterations (counted per run), and return its status."""
+        h.setOptionValue("time_limit", h.getRunTime() + self.time_limit_s)
+        h.setOptionValue("simplex_iteration_limit",
+                         _NO_ITERATION_LIMIT if iterations is None else int(iterations))
         h.run()
         return h.getModelStatus()
+
+    @staticmethod
+    def _quick_iterations(model: _Model) -> int:
+        nonzeros = max(1, len(model.lp.a_matrix_.value_))
+        return max(QUICK_LP_MIN_ITERATIONS, int(QUICK_LP_WORK / nonzeros))
 
     def _infeasible(self, model: _Model, budget: float, find_least: bool = True):
         """Raise ``InfeasibleBudgetError`` naming the least budget (found once,
