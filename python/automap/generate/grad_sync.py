@@ -25,7 +25,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from automap.sharding.collectives import DEFAULT_BUCKET_BYTES, PendingAllReduce, tagged
+from automap.sharding.collectives import (
+    DEFAULT_BUCKET_BYTES,
+    PendingAllReduce,
+    free_temporary,
+    tagged,
+)
 from automap.sharding.process_groups import AxisGroup
 
 
@@ -144,6 +149,8 @@ class GradientSync:
                     if previous is not None:  # it was summed size times: keep it once
                         p.grad.sub_(previous, alpha=bucket.group.size - 1)
             bucket.ready.clear()
+            if bucket.flat is not None:
+                free_temporary(bucket.flat)
             bucket.work = bucket.flat = None
         self._previous.clear()
         self._in_backward = False
