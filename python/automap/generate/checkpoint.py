@@ -3,7 +3,8 @@ schedule's nested regions over linearized stages) become
 ``torch.utils.checkpoint.checkpoint(block, *inputs, use_reentrant=False)``
 calls in the generated graph, nested where the schedule nests (non-reentrant
 checkpoints nest; each keeps only its inputs for the backward, which runs the
-region again).
+region again). A region stashes the random generators' state for its
+recomputation only where it draws random numbers (``draws_random``).
 
 Every generated node carries the traced node it was emitted for
 (``meta["automap_origin"]``), so a stage is the traced nodes linearization put
@@ -114,7 +115,9 @@ def _wrap(graph: fx.Graph, attrs: dict, block: dict, counter) -> None:
         args = [graph.call_function(torch.ops.aten.clone.default, (a,), name=f"{a.name}_copy")
                 if a in written else a for a in inputs]
         call = graph.call_function(torch.utils.checkpoint.checkpoint, (fn, *args),
-                                   {"use_reentrant": False}, name=f"block_{index}")
+                                   {"use_reentrant": False,
+                                    "preserve_rng_state": draws_random(region)},
+                                   name=f"block_{index}")
         call.meta[_STAGE] = lo
         fn.meta[_STAGE] = None
         results = []
@@ -133,6 +136,27 @@ def _wrap(graph: fx.Graph, attrs: dict, block: dict, counter) -> None:
                 user.replace_input_with(node, item)
     for node in reversed(region):
         graph.erase_node(node)
+
+
+def draws_random(nodes) -> bool:
+    """Whether running ``nodes`` draws from a random generator (dropout,
+    ``rand``..., a nested region that does, or a higher-order op, which may):
+    only then must a region's recomputation replay the generator. Stashing
+    the CPU generator's state costs each region 5 KB from its forward to its
+    backward (torch 2.15's Mersenne Twister state, 5056 bytes)."""
+    for node in nodes:
+        target = node.target
+        if node.op != "call_function":
+            continue
+        if isinstance(target, torch._ops.OpOverload):
+            if torch.Tag.nondeterministic_seeded in target.tags:
+                return True
+        elif isinstance(target, torch._ops.HigherOrderOperator):
+            return True
+        elif target is torch.utils.checkpoint.checkpoint \
+                and node.kwargs.get("preserve_rng_state", True):
+            return True
+    return False
 
 
 def _check_contiguous(region, inside) -> None:
