@@ -42,4 +42,20 @@ def test_the_simulated_step_tracks_stashed_generator_states():
         assert timeline.live == 0
     with generator_states_tracked(timeline, torch.device("meta")):
         state = torch.get_rng_state()  # CPU memory: not the device's
-        assert timeline.live == 0
+        assert timeline.live == 0 and state.numel() > 0
+
+
+def test_random_ops_the_generator_wraps_still_stash():
+    from automap.generate import ops
+    from automap.sharding import collectives
+
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    dropout = graph.call_function(ops.sharded_dropout,
+                                  (torch.ops.aten.native_dropout.default, x, 0.1, True, [4]))
+    shard = graph.call_function(ops.take_shard, (x, ((0, 2),)))
+    gather = graph.call_function(collectives.all_reduce_sum, (x,))
+    unknown = graph.call_function(print, (x,))
+    assert draws_random([dropout])
+    assert not draws_random([x, shard, gather])
+    assert draws_random([unknown])

@@ -138,25 +138,38 @@ def _wrap(graph: fx.Graph, attrs: dict, block: dict, counter) -> None:
         graph.erase_node(node)
 
 
+#: Modules whose functions the generator emits and that draw no random numbers
+#: unless a random op is among their arguments (``ops.sharded_dropout(op, ...)``).
+_GENERATED_CALLS = ("automap.sharding.collectives", "automap.generate.ops")
+
+
 def draws_random(nodes) -> bool:
-    """Whether running ``nodes`` draws from a random generator (dropout,
-    ``rand``..., a nested region that does, or a higher-order op, which may):
-    only then must a region's recomputation replay the generator. Stashing
-    the CPU generator's state costs each region 5 KB from its forward to its
-    backward (torch 2.15's Mersenne Twister state, 5056 bytes)."""
-    for node in nodes:
-        target = node.target
-        if node.op != "call_function":
-            continue
-        if isinstance(target, torch._ops.OpOverload):
-            if torch.Tag.nondeterministic_seeded in target.tags:
-                return True
-        elif isinstance(target, torch._ops.HigherOrderOperator):
-            return True
-        elif target is torch.utils.checkpoint.checkpoint \
-                and node.kwargs.get("preserve_rng_state", True):
-            return True
-    return False
+    """Whether running ``nodes`` may draw from a random generator: only then must
+    a region's recomputation replay the generator, whose state stashed costs
+    5 KB of CPU memory from the region's forward to its recomputation (torch
+    2.15's Mersenne Twister). Deterministic: aten and prims ops without the
+    ``nondeterministic_seeded`` tag (dropout, ``rand``, attention, RNNs carry
+    it), the generator's collectives and local ops not given such an op, a
+    nested region that does not stash; anything else may draw (other
+    libraries' custom ops, higher-order ops, unknown functions)."""
+    return any(_draws_random(node) for node in nodes if node.op == "call_function")
+
+
+def _random_op(value) -> bool:
+    return isinstance(value, torch._ops.OpOverload) \
+        and torch.Tag.nondeterministic_seeded in value.tags
+
+
+def _draws_random(node: fx.Node) -> bool:
+    target = node.target
+    if target is torch.utils.checkpoint.checkpoint:
+        return bool(node.kwargs.get("preserve_rng_state", True))
+    if any(_random_op(v) for v in torch.utils._pytree.tree_leaves((node.args, node.kwargs))):
+        return True  # the generator's random ops on shards, e.g. ops.sharded_dropout
+    if isinstance(target, torch._ops.OpOverload):
+        return _random_op(target) or target.namespace not in ("aten", "prims")
+    return not (target is operator.getitem
+                or getattr(target, "__module__", None) in _GENERATED_CALLS)
 
 
 def _check_contiguous(region, inside) -> None:
