@@ -33,9 +33,11 @@ from automap.launch import run_on_gloo  # noqa: E402
 from trust_workers import build, measure_plans  # noqa: E402
 
 MESH = (4,)
-#: A FLOP rate at which splitting work pays on this machine's links, so that the
-#: plans shard (the bench is about memory; the device profile prices time).
-FLOPS_PER_S = 1e10
+#: A CPU-like device profile at which splitting work pays on this machine's links,
+#: so that the plans shard (the bench is about memory; the profile prices time).
+#: Every speed is given: one measured at first use moves with the machine's load,
+#: and in near ties so would the plans, and with them the rows the bench checks.
+SPEEDS = dict(flops_per_s=1e10, memory_bandwidth_bytes_per_s=1e10, op_overhead_s=2e-5)
 MAX_ERROR = 0.05
 FRACTIONS = (None, 0.85, 0.7, "least")
 
@@ -43,9 +45,9 @@ FRACTIONS = (None, 0.85, 0.7, "least")
 def plans_for(name: str, folder: str, fractions, modes=("off", "auto")) -> list[dict]:
     """Plan ``name`` for each budget fraction of its unconstrained peak (``"least"``:
     the smallest feasible budget the planner names) and checkpointing mode."""
-    mesh = automap.DeviceMesh(MESH)
+    mesh = automap.DeviceMesh(MESH, backend="gloo")  # the ranks it runs on
     model, inputs, loss_fn = build(name)
-    free = automap.plan(model, inputs, mesh, loss_fn=loss_fn, flops_per_s=FLOPS_PER_S)
+    free = automap.plan(model, inputs, mesh, loss_fn=loss_fn, **SPEEDS)
     rows = []
     for fraction in fractions:
         for mode in modes:
@@ -54,7 +56,7 @@ def plans_for(name: str, folder: str, fractions, modes=("off", "auto")) -> list[
             if fraction == "least":
                 try:
                     automap.plan(model, inputs, mesh, 1.0, loss_fn=loss_fn,
-                                 flops_per_s=FLOPS_PER_S, checkpointing=mode)
+                                 **SPEEDS, checkpointing=mode)
                 except automap.InfeasibleBudgetError as err:
                     budget = err.smallest_feasible_budget_bytes  # planning succeeds there
             else:
@@ -63,7 +65,7 @@ def plans_for(name: str, folder: str, fractions, modes=("off", "auto")) -> list[
             start = time.perf_counter()
             try:
                 plan = automap.plan(model, inputs, mesh, budget, loss_fn=loss_fn,
-                                    flops_per_s=FLOPS_PER_S, checkpointing=mode)
+                                    **SPEEDS, checkpointing=mode)
             except automap.InfeasibleBudgetError as err:
                 row["infeasible"] = err.smallest_feasible_budget_bytes
                 rows.append(row)

@@ -21,8 +21,20 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 #: automap with default options, and within a budget DDP cannot meet; the "_links"
 #: runs plan the same on a mesh whose links were measured on the ranks
 #: (``automap.cluster.detect.measure_mesh``) instead of the default link model.
+#: "automap_dp" is a reference, not a verdict: the default options with every
+#: parameter whole (data parallelism, what DDP runs), to tell the generated
+#: program from the plan's choice.
 RUNNERS = ("ddp", "fsdp2", "automap", "automap_budget", "automap_links",
-           "automap_links_budget")
+           "automap_links_budget", "automap_dp")
+
+
+def parameters_whole(table, node):
+    """A ``strategy_filter`` keeping every parameter replicated (data parallelism)."""
+    import numpy as np
+
+    if node.kind != "parameter":
+        return np.ones(len(node), dtype=bool)
+    return np.array([all(set(spec) <= {"R"} for spec in outs) for outs in node.out_specs])
 
 
 @dataclass(frozen=True)
@@ -126,7 +138,8 @@ def run_fsdp2(rank: int, world: int, setup: Setup):
     return step, measure_training(step, persistent, 0, setup.warmup_steps)
 
 
-def run_automap(rank: int, world: int, setup: Setup, budget_bytes: float | None, mesh=None):
+def run_automap(rank: int, world: int, setup: Setup, budget_bytes: float | None, mesh=None,
+                **plan_options):
     """automap's step and memory record with default options (the device's speeds
     measured on every rank at first use; ``mesh``: the 1-D mesh of the world with
     the default link model), within ``budget_bytes`` per rank when given; its inputs
@@ -138,7 +151,7 @@ def run_automap(rank: int, world: int, setup: Setup, budget_bytes: float | None,
     inputs = {"input_ids": ids, "labels": ids}
     start = time.perf_counter()
     module = automap.autoparallelize(model, inputs, mesh=mesh or (world,),
-                                     memory_budget_bytes=budget_bytes)
+                                     memory_budget_bytes=budget_bytes, **plan_options)
     setup_s = time.perf_counter() - start
     opt = torch.optim.AdamW(module.parameters(), lr=setup.lr)
 
@@ -213,6 +226,9 @@ def compare(rank: int, world: int, setup: Setup, runners=RUNNERS) -> dict[str, d
             steps[name], out[name] = run_ddp(rank, world, setup)
         elif name == "fsdp2":
             steps[name], out[name] = run_fsdp2(rank, world, setup)
+        elif name == "automap_dp":
+            steps[name], out[name] = run_automap(rank, world, setup, budget, mesh,
+                                                 strategy_filter=parameters_whole)
         elif name in RUNNERS:
             steps[name], out[name] = run_automap(rank, world, setup, budget, mesh)
         else:

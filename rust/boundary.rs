@@ -161,6 +161,7 @@ proptest! {
             flops_per_s,
             memory_bandwidth_bytes_per_s: memory_bandwidth,
             op_overhead_s,
+            reduce_scatter_as_all_reduce: flops_per_s > 1e12,
         };
         let _ = einsum_strategies(&sig, &cost);
     }

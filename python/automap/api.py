@@ -132,6 +132,8 @@ def autoparallelize(
         if mesh is None or isinstance(mesh, (tuple, list)):
             # A shape says nothing of the links: measure them as training will meet them.
             meshes = channel.each_rank("measuring the links", lambda: _measured(meshes))
+        # Collectives are priced as this process group's backend runs them.
+        meshes = [m.with_backend(dist.get_backend()) for m in meshes]
 
         def solve() -> dict:
             found = plan_best(traced, profile_traced(traced, optimizer), meshes, budget,

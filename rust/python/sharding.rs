@@ -34,12 +34,13 @@ struct PyMesh {
 #[pymethods]
 impl PyMesh {
     #[new]
-    #[pyo3(signature = (shape, ranks, alpha_s, bandwidth_bytes_per_s))]
+    #[pyo3(signature = (shape, ranks, alpha_s, bandwidth_bytes_per_s, reduce_scatter_as_all_reduce=false))]
     fn new(
         shape: &Bound<'_, PyAny>,
         ranks: Option<&Bound<'_, PyAny>>,
         alpha_s: Vec<f64>,
         bandwidth_bytes_per_s: Vec<f64>,
+        reduce_scatter_as_all_reduce: bool,
     ) -> PyResult<Self> {
         let shape = counts_arg("shape", shape)?;
         let ranks = match ranks {
@@ -52,7 +53,9 @@ impl PyMesh {
             ),
         };
         Ok(PyMesh {
-            inner: DeviceMesh::new(shape, ranks, alpha_s, bandwidth_bytes_per_s).py()?,
+            inner: DeviceMesh::new(shape, ranks, alpha_s, bandwidth_bytes_per_s)
+                .py()?
+                .with_reduce_scatter_as_all_reduce(reduce_scatter_as_all_reduce),
         })
     }
 
@@ -71,6 +74,10 @@ impl PyMesh {
     #[getter]
     fn bandwidth_bytes_per_s(&self) -> Vec<f64> {
         self.inner.bandwidth_bytes_per_s().to_vec()
+    }
+    #[getter]
+    fn reduce_scatter_as_all_reduce(&self) -> bool {
+        self.inner.reduce_scatter_as_all_reduce()
     }
     fn coordinate(&self, rank: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
         self.inner.coordinate(count_arg("rank", rank)? as i64).py()

@@ -56,6 +56,7 @@ fn einsum_strategies<'py>(
         flops_per_s,
         memory_bandwidth_bytes_per_s,
         op_overhead_s,
+        reduce_scatter_as_all_reduce: mesh.reduce_scatter_as_all_reduce(),
     };
     let sig = EinsumSignature {
         letter_sizes,

@@ -56,11 +56,18 @@ pub struct Links<'a> {
     pub shape: &'a [usize],
     pub alpha_s: &'a [f64],
     pub bandwidth_bytes_per_s: &'a [f64],
+    /// The backend runs a reduce-scatter as an all-reduce of its whole input
+    /// (gloo), so it costs one.
+    pub reduce_scatter_as_all_reduce: bool,
 }
 
 impl Links<'_> {
     /// One ring over the devices along `axes`: slowest link, largest latency.
     fn ring_s(&self, kind: Collective, bytes: f64, axes: &[usize]) -> f64 {
+        let kind = match kind {
+            Collective::ReduceScatter if self.reduce_scatter_as_all_reduce => Collective::AllReduce,
+            other => other,
+        };
         let mut n = 1;
         let mut bw = f64::INFINITY;
         let mut alpha = 0.0f64;
@@ -304,6 +311,7 @@ mod tests {
                 shape: &self.shape,
                 alpha_s: &self.alpha_s,
                 bandwidth_bytes_per_s: &self.bw,
+                reduce_scatter_as_all_reduce: false,
             }
         }
     }
@@ -400,6 +408,35 @@ mod tests {
             summary(&a2a),
             vec![("all_to_all", vec![1], b), ("all_to_all", vec![0], b)]
         );
+    }
+
+    #[test]
+    fn a_backend_that_reduce_scatters_by_all_reduce_pays_for_one() {
+        // gloo all-reduces a reduce-scatter's whole input: each scatter step
+        // costs an all-reduce of its bytes; the steps themselves are unchanged.
+        let m = two_by_four();
+        let mut gloo = m.links();
+        gloo.reduce_scatter_as_all_reduce = true;
+        let b = 1e8;
+        let rs = collective_plan(Collective::ReduceScatter, b, &[0, 1], &gloo);
+        assert_eq!(
+            summary(&rs),
+            vec![
+                ("reduce_scatter", vec![1], b),
+                ("reduce_scatter", vec![0], b / 4.0)
+            ]
+        );
+        let want = 1.5 * b / 2e11 + 5e-6 + (b / 4.0) / 2.5e10 + 2e-5;
+        assert!(close(rs.cost_s, want));
+        assert!(close(
+            collective_cost_s(Collective::ReduceScatter, b, &[1], &gloo),
+            collective_cost_s(Collective::AllReduce, b, &[1], &m.links())
+        ));
+        // An all-reduce's scatter steps cost more there: never cheaper than before.
+        for kind in KINDS {
+            let before = collective_cost_s(kind, b, &[0, 1], &m.links());
+            assert!(collective_cost_s(kind, b, &[0, 1], &gloo) >= before);
+        }
     }
 
     #[test]

@@ -54,6 +54,8 @@ pub struct DeviceMesh {
     ranks: Vec<i64>,
     alpha_s: Vec<f64>,
     bandwidth_bytes_per_s: Vec<f64>,
+    /// The collective backend runs a reduce-scatter as an all-reduce (gloo).
+    reduce_scatter_as_all_reduce: bool,
 }
 
 impl DeviceMesh {
@@ -138,7 +140,19 @@ impl DeviceMesh {
             ranks,
             alpha_s,
             bandwidth_bytes_per_s,
+            reduce_scatter_as_all_reduce: false,
         })
+    }
+
+    /// The same mesh on a backend that runs (or not) a reduce-scatter as an
+    /// all-reduce of its whole input: gloo does, so it costs one there.
+    pub fn with_reduce_scatter_as_all_reduce(mut self, on: bool) -> DeviceMesh {
+        self.reduce_scatter_as_all_reduce = on;
+        self
+    }
+
+    pub fn reduce_scatter_as_all_reduce(&self) -> bool {
+        self.reduce_scatter_as_all_reduce
     }
 
     /// A mesh with the same link parameters on every axis.
@@ -264,6 +278,7 @@ impl DeviceMesh {
             shape: &self.shape,
             alpha_s: &self.alpha_s,
             bandwidth_bytes_per_s: &self.bandwidth_bytes_per_s,
+            reduce_scatter_as_all_reduce: self.reduce_scatter_as_all_reduce,
         }
     }
 
@@ -287,24 +302,6 @@ impl DeviceMesh {
         self.check_axes(axes)?;
         Ok(collective_plan(kind, bytes, axes, &self.links()))
     }
-}
-
-/// One collective over the devices along `axes` of a mesh given by its link
-/// arrays, by the cheapest algorithm (see `sharding::collective`).
-pub fn group_cost_s(
-    kind: Collective,
-    bytes: f64,
-    axes: &[usize],
-    shape: &[usize],
-    alpha_s: &[f64],
-    bandwidth_bytes_per_s: &[f64],
-) -> f64 {
-    let links = Links {
-        shape,
-        alpha_s,
-        bandwidth_bytes_per_s,
-    };
-    collective_cost_s(kind, bytes, axes, &links)
 }
 
 /// Ring alpha-beta formulas; a group of one device costs nothing.

@@ -57,6 +57,12 @@ def test_plan_reports_stages_on_stderr_and_results_on_stdout(tmp_path):
     assert "automap: " not in done.stdout
 
 
+def test_plan_prices_collectives_for_the_backend_given(tmp_path):
+    done = _plan_cli(tmp_path, "-q", "--backend", "gloo", "-o", str(tmp_path / "plan.json"))
+    assert done.returncode == 0, done.stderr
+    assert automap.Plan.from_json(str(tmp_path / "plan.json")).mesh.backend == "gloo"
+
+
 @pytest.mark.parametrize("where", ["after", "before"])
 def test_quiet_silences_progress(tmp_path, where):
     done = _plan_cli(tmp_path, "-q") if where == "after" else \

@@ -85,6 +85,9 @@ def test_device_properties():
     assert cluster.memory_bytes == 80 * 2**30
     unknown = Cluster(2, [[0, 1e-5], [1e-5, 0]], [[0, 1e9], [1e9, 0]])
     assert unknown.sustained_flops_per_s is None and unknown.memory_bytes is None
+    # Its meshes price collectives as the devices' backend runs them.
+    assert cluster.backend == "nccl" and unknown.backend == "gloo"
+    assert {m.backend for m in unknown.meshes()} == {"gloo"}
 
 
 def test_shared_slowdown_round_trips_and_old_files_load_as_one(tmp_path):
@@ -124,8 +127,8 @@ def test_hand_written_paper_box(tmp_path):
     assert [d.kind for d in cluster.devices] == ["cuda"] * 8
     best = cluster.meshes()[0]
     assert best == DeviceMesh(
-        (2, 2, 2), alpha_s=(2e-5, 1e-5, 5e-6), bandwidth_bytes_per_s=(1e10, 2e10, 2e11)
-    )
+        (2, 2, 2), alpha_s=(2e-5, 1e-5, 5e-6), bandwidth_bytes_per_s=(1e10, 2e10, 2e11),
+        backend="nccl")
     assert len(cluster.meshes(limit=2)) == 2
     assert [m.ndim for m in cluster.meshes(max_axes=2)] == [2, 2, 1]
     summary = cluster.summary()
@@ -152,7 +155,9 @@ def test_hand_written_groups_and_links(tmp_path):
                 "links": {"alpha_s": [[0, 1e-5], [1e-5, 0]],
                           "bandwidth_bytes_per_s": [[0, 3e9], [3e9, 0]]}}
     cluster = Cluster.from_json(write(tmp_path, by_links))
-    assert cluster.meshes() == [DeviceMesh(2, alpha_s=1e-5, bandwidth_bytes_per_s=3e9)]
+    # Devices of no stated kind are CPUs: their collectives are priced as on gloo.
+    assert cluster.meshes() == [DeviceMesh(2, alpha_s=1e-5, bandwidth_bytes_per_s=3e9,
+                                           backend="gloo")]
 
 
 def test_asymmetric_matrix_takes_the_slower_direction():

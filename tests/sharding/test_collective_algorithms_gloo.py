@@ -27,6 +27,9 @@ def test_executed_steps_are_the_priced_steps():
         DeviceMesh((2, 2)),
         # Latency on the fast axis: 100 KiB all-reduce along each axis in turn.
         DeviceMesh((2, 2), alpha_s=[1e-5, 1e-4], bandwidth_bytes_per_s=[1e9, 1e10]),
+        # Priced as gloo runs a reduce-scatter (an all-reduce): the choice follows.
+        DeviceMesh((2, 2), ranks=[2, 0, 3, 1], alpha_s=[2e-5, 5e-6],
+                   bandwidth_bytes_per_s=[2.5e10, 2e11], backend="gloo"),
     ]
     results = run_on_gloo(check_collective_algorithms, 4, [m.to_dict() for m in meshes],
                           timeout_s=240)

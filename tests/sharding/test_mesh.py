@@ -69,6 +69,8 @@ def test_collectives_over_several_axes_cost_the_algorithm_that_runs():
         (dict(shape=(2,), alpha_s=[1e-6, 1e-6]), "alpha_s has 2 entries"),
         (dict(shape=(2,), bandwidth_bytes_per_s=0), "must be finite and > 0"),
         (dict(shape=(2, 2), axis_names=("a", "a")), "name each"),
+        (dict(shape=(2,), backend=""), "backend must be"),
+        (dict(shape=(2,), backend=3), "backend must be"),
     ],
 )
 def test_bad_meshes_raise_typed_errors(kwargs, match):
@@ -95,3 +97,35 @@ def test_round_trip_and_equality():
     again = DeviceMesh.from_dict(mesh.to_dict())
     assert again == mesh and hash(again) == hash(mesh)
     assert "ranks=[5, 4, 3, 2, 1, 0]" in repr(mesh)
+
+
+def test_gloo_prices_a_reduce_scatter_as_the_all_reduce_it_runs():
+    """gloo has no reduce-scatter: the program all-reduces the stacked input
+    (``collectives._flat_reduce_scatter``), so a mesh on gloo prices it so, step
+    by step, everywhere the planner asks (strategies, FSDP gathers, traffic)."""
+    links = dict(alpha_s=[2e-5, 5e-6], bandwidth_bytes_per_s=[2.5e10, 2e11])
+    native, gloo = DeviceMesh((2, 4), **links), DeviceMesh((2, 4), **links, backend="gloo")
+    nbytes = 8e6
+    for axes in ((0,), (1,)):
+        assert gloo.reduce_scatter_cost_s(nbytes, axes) == native.all_reduce_cost_s(nbytes, axes)
+        assert native.reduce_scatter_cost_s(nbytes, axes) < gloo.reduce_scatter_cost_s(nbytes,
+                                                                                       axes)
+    for kind in ("all_gather", "all_to_all", "broadcast"):  # what gloo runs natively
+        assert gloo.collective_cost_s(kind, nbytes, (0, 1)) == native.collective_cost_s(
+            kind, nbytes, (0, 1))
+    # Per-axis steps: the same steps, each scatter priced as an all-reduce of its bytes.
+    plan = gloo.collective_plan("reduce_scatter", nbytes, (0, 1))
+    assert [(s.kind, s.axes, s.nbytes) for s in plan.steps] == [
+        (s.kind, s.axes, s.nbytes)
+        for s in native.collective_plan("reduce_scatter", nbytes, (0, 1)).steps]
+    assert plan.cost_s == pytest.approx(sum(
+        native.all_reduce_cost_s(s.nbytes, s.axes) for s in plan.steps), rel=1e-12)
+    # An all-reduce scattered along the fast axis pays the scatter twice there:
+    # never cheaper than before, and a flat ring where that tips the choice.
+    for n in (1e3, 1e6, 1e9):
+        assert gloo.all_reduce_cost_s(n, (0, 1)) >= native.all_reduce_cost_s(n, (0, 1))
+    assert gloo.with_backend(None) == native and native.with_backend("gloo") == gloo
+    assert gloo != native and DeviceMesh.from_dict(gloo.to_dict()) == gloo
+    assert "backend" not in native.to_dict() and "backend='gloo'" in repr(gloo)
+    nccl = native.with_backend("nccl")
+    assert nccl.reduce_scatter_cost_s(nbytes, 0) == native.reduce_scatter_cost_s(nbytes, 0)

@@ -94,6 +94,21 @@ def test_batch_norm_then_inplace_relu_keeps_the_output_once(inplace):
     assert p.peak_memory_bytes == real.peak_bytes
 
 
+def test_a_tensor_two_nodes_save_counts_for_the_first_and_is_shared_by_the_second():
+    """tanh saves its output and the linear after it saves its input, the same
+    storage: it counts once, for tanh; the linear shares it (a sharded plan
+    that converts it for the linear keeps the converted copy as well)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    p, real = _profile_and_measure(model, (torch.randn(4, 8),))
+    act = 4 * 16 * F32
+    tanh, linear = p.by_name["tanh"], p.by_name["linear_1"]
+    assert (tanh.saved_output_bytes, tanh.shared_saved_bytes) == ({0: act}, {})
+    assert (linear.fwd_in_bytes, linear.saved_input_bytes) == (0, {})
+    assert linear.shared_saved_bytes == {"tanh": act}
+    assert p.peak_memory_bytes == real.peak_bytes
+
+
 class _Residual(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -36,6 +36,9 @@ def register(subparsers: Any) -> None:
                    help="link latency per mesh axis in seconds, comma-separated")
     p.add_argument("--bandwidth", type=floats, default=None,
                    help="link bandwidth per mesh axis in bytes/s, comma-separated")
+    p.add_argument("--backend", default=None,
+                   help="the torch.distributed backend training will use (e.g. gloo, nccl): "
+                        "collectives are priced as it runs them (default: as NCCL does)")
     p.add_argument("--flops", type=positive_float, default=None,
                    help="sustained FLOP/s per device (default: measured on this machine)")
     p.add_argument("--memory-bandwidth", type=positive_float, default=None,
@@ -77,7 +80,7 @@ def _plan(args: argparse.Namespace) -> int:
                                f"(model, example_inputs, loss_fn)")
         model, inputs, loss_fn = (*built, None) if len(built) == 2 else built
         mesh = DeviceMesh(args.mesh, alpha_s=args.alpha_s,
-                          bandwidth_bytes_per_s=args.bandwidth)
+                          bandwidth_bytes_per_s=args.bandwidth, backend=args.backend)
         result = plan(model, inputs, mesh, args.memory, loss_fn=loss_fn,
                       optimizer=args.optimizer, flops_per_s=args.flops,
                       memory_bandwidth_bytes_per_s=args.memory_bandwidth,

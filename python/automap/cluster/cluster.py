@@ -17,7 +17,8 @@ JSON schema, version 1 (``Cluster.to_json`` writes it, ``from_json`` reads it)::
          "op_overhead_s": 5e-06,            # optional: measured time of a tiny kernel
          "shared_slowdown": 1.0,            # optional: alone / all ranks computing (>= 1)
          "memory_bytes": 85899345920}       # optional: device memory
-      ],
+      ],                                    # kind: "cpu" (the default) trains on gloo,
+                                            # whose collectives the meshes price
       "device": {...},                      # when "devices" is N: fields for every device
       "hosts": ["node0"],                   # written for the reader, ignored on loading
       "links": {                            # pair matrices, N x N, diagonal ignored
@@ -189,6 +190,12 @@ class Cluster:
         return "cuda" if any(d.kind == "cuda" for d in self.devices) else "cpu"
 
     @property
+    def backend(self) -> str:
+        """The torch.distributed backend these devices train with: nccl on
+        GPUs, gloo on CPUs (it prices the collectives as they run there)."""
+        return "nccl" if self.device_kind == "cuda" else "gloo"
+
+    @property
     def memory_bytes(self) -> int | None:
         """The smallest device memory, None unless known for every device."""
         values = [d.memory_bytes for d in self.devices]
@@ -214,7 +221,7 @@ class Cluster:
         of N into up to ``max_axes`` axes, ranks in topology-aware order, each
         axis with its fitted alpha and bus bandwidth. A planner tries the
         first few and keeps the fastest plan."""
-        return [c.mesh for c in self.candidates(max_axes)[:limit]]
+        return [c.mesh.with_backend(self.backend) for c in self.candidates(max_axes)[:limit]]
 
     # Construction by hand ---------------------------------------------------------
     @classmethod

@@ -484,7 +484,7 @@ def measure_mesh(mesh: DeviceMesh, sizes_bytes: Sequence[int] = DEFAULT_CPU_SIZE
         alpha.append(link.alpha_s)
         bandwidth.append(link.bandwidth_bytes_per_s)
     return DeviceMesh(mesh.shape, ranks=mesh.ranks, axis_names=mesh.axis_names, alpha_s=alpha,
-                      bandwidth_bytes_per_s=bandwidth)
+                      bandwidth_bytes_per_s=bandwidth, backend=mesh.backend)
 
 
 def _measure_partition(bench: _Bench, partition: list[list[int]], sizes: np.ndarray,

@@ -57,7 +57,8 @@ def stage_meshes(plan) -> list[DeviceMesh]:
                                    f"submesh {base.shape} has {base.size}")
         meshes.append(DeviceMesh(base.shape, ranks=list(stage.ranks),
                                  axis_names=base.axis_names, alpha_s=base.alpha_s,
-                                 bandwidth_bytes_per_s=base.bandwidth_bytes_per_s))
+                                 bandwidth_bytes_per_s=base.bandwidth_bytes_per_s,
+                                 backend=base.backend))
     return meshes
 
 

@@ -91,5 +91,6 @@ def cut_mesh(mesh: DeviceMesh, n: int) -> StageMeshes:
         sub_shape, ranks=stage_ranks[0],
         axis_names=[mesh.axis_names[a] for a in axes],
         alpha_s=[mesh.alpha_s[a] for a in axes],
-        bandwidth_bytes_per_s=[mesh.bandwidth_bytes_per_s[a] for a in axes])
+        bandwidth_bytes_per_s=[mesh.bandwidth_bytes_per_s[a] for a in axes],
+        backend=mesh.backend)
     return StageMeshes(mesh, tuple(sub_shape), stage_ranks, submesh)

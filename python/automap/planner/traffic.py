@@ -6,7 +6,8 @@ or per-axis steps).
 
 A step's bytes are what each device sends in it under the ring formulas
 (``(n-1)/n`` of the buffer for an all-gather, reduce-scatter or all-to-all,
-twice that for an all-reduce, the buffer for a broadcast; a sharded parameter's
+twice that for an all-reduce (and for a reduce-scatter on a backend that runs
+it as one, gloo), the buffer for a broadcast; a sharded parameter's
 gather carries its gradient's reduce-scatter back, ``automap.solve.fsdp``); a flat ring over
 several axes crosses the links of each, so its bytes count on every one of
 them. Depth-reduced plans count each traced block once."""
@@ -18,6 +19,7 @@ import math
 from automap.planner.plan import Plan
 from automap.planner.step_time import CAST_OP
 from automap.sharding.layout import layout_path
+from automap.sharding.mesh import REDUCE_SCATTER_AS_ALL_REDUCE
 from automap.sharding.spec import ShardingSpec
 from automap.solve.fsdp import fused_gather
 from automap.solve.shared_gradients import plan_readings, shared_gradients
@@ -25,11 +27,13 @@ from automap.solve.shared_gradients import plan_readings, shared_gradients
 _RING_SHARE = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0, "all_reduce": 2.0}
 
 
-def _sent_bytes(kind: str, nbytes: float, n: int) -> float:
+def _sent_bytes(kind: str, nbytes: float, n: int, backend: str | None = None) -> float:
     if n <= 1:
         return 0.0
     if kind == "broadcast":
         return nbytes
+    if kind == "reduce_scatter" and backend in REDUCE_SCATTER_AS_ALL_REDUCE:
+        kind = "all_reduce"
     return _RING_SHARE[kind] * (n - 1) / n * nbytes
 
 
@@ -41,7 +45,8 @@ def collective_bytes_per_axis(plan: Plan) -> list[float]:
 
     def carry(kind: str, nbytes: float, axes) -> None:
         for step in mesh.collective_plan(kind, nbytes, axes).steps:
-            sent = _sent_bytes(step.kind, step.nbytes, math.prod(mesh.shape[a] for a in step.axes))
+            sent = _sent_bytes(step.kind, step.nbytes, math.prod(mesh.shape[a] for a in step.axes),
+                               mesh.backend)
             for a in step.axes:
                 per_axis[a] += sent
 
@@ -100,8 +105,9 @@ def collective_bytes_per_axis(plan: Plan) -> list[float]:
         for step in layout_path(mesh, e.src, e.dst, e.shape, e.dtype_bytes).steps:
             n = mesh.shape[step.axis]
             before = total / step.before.shard_count(mesh)
-            if step.kind == "all_gather" and step.axis in grad_axes:
-                per_axis[step.axis] += 2 * _sent_bytes("all_gather", before * n, n)
+            if step.kind == "all_gather" and step.axis in grad_axes:  # and its reduce-scatter
+                per_axis[step.axis] += (_sent_bytes("all_gather", before * n, n) + _sent_bytes(
+                    "reduce_scatter", before * n, n, mesh.backend))
             elif step.kind == "all_gather":  # forward gather (the backward split is local)
                 per_axis[step.axis] += _sent_bytes("all_gather", before * n, n)
             elif step.kind == "shard":  # backward gather of the gradient

@@ -27,6 +27,11 @@ DEFAULT_BANDWIDTH_BYTES_PER_S = 1e11
 
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
 
+#: Backends whose reduce-scatter all-reduces its whole input (torch's gloo
+#: binding has no reduce-scatter of its own; ``sharding.collectives`` runs it
+#: so), so that a reduce-scatter there costs an all-reduce.
+REDUCE_SCATTER_AS_ALL_REDUCE = frozenset({"gloo"})
+
 
 #: The link figures a mesh accepts: latency up to a minute, bandwidth from
 #: 1 kB/s to 1 PB/s. Outside them collective prices leave the range the
@@ -85,7 +90,11 @@ class DeviceMesh:
     ``ranks``: the global rank at each position, row-major (last axis fastest);
     default ``range(prod(shape))``. ``axis_names``: optional names.
     ``alpha_s`` and ``bandwidth_bytes_per_s``: latency and bandwidth of each
-    axis, a number for all axes or one per axis.
+    axis, a number for all axes or one per axis. ``backend``: the
+    torch.distributed backend the collectives will run on ("gloo", "nccl",
+    ...), where it changes how they run and so what they cost (gloo's
+    reduce-scatter is an all-reduce); None prices native collectives.
+    ``autoparallelize`` sets it to the process group's backend.
     """
 
     def __init__(
@@ -96,6 +105,7 @@ class DeviceMesh:
         axis_names: Sequence[str] | None = None,
         alpha_s: Sequence[float] | float | None = None,
         bandwidth_bytes_per_s: Sequence[float] | float | None = None,
+        backend: str | None = None,
     ) -> None:
         shape = [int(shape)] if _is_int(shape) else _ints(shape, "mesh shape")
         for axis, size in enumerate(shape):
@@ -121,8 +131,13 @@ class DeviceMesh:
             )
         if ranks is not None:
             ranks = _ints(ranks, "ranks")
-        self._native = _core.Mesh(shape, ranks, alphas, bandwidths)
+        if backend is not None and (not isinstance(backend, str) or not backend):
+            raise InvalidMeshError(f"backend must be None or a torch.distributed backend name "
+                                   f"such as 'gloo' or 'nccl', got {backend!r}")
+        self._native = _core.Mesh(shape, ranks, alphas, bandwidths,
+                                  backend in REDUCE_SCATTER_AS_ALL_REDUCE)
         self.axis_names: tuple[str, ...] = tuple(axis_names)
+        self.backend = backend
 
     # Geometry -------------------------------------------------------------
     @property
@@ -148,6 +163,15 @@ class DeviceMesh:
     @property
     def bandwidth_bytes_per_s(self) -> tuple[float, ...]:
         return tuple(self._native.bandwidth_bytes_per_s)
+
+    def with_backend(self, backend: str | None) -> DeviceMesh:
+        """This mesh (same ranks, names and links) with collectives priced as
+        ``backend`` runs them."""
+        if backend == self.backend:
+            return self
+        return DeviceMesh(self.shape, ranks=self.ranks, axis_names=self.axis_names,
+                          alpha_s=self.alpha_s, bandwidth_bytes_per_s=self.bandwidth_bytes_per_s,
+                          backend=backend)
 
     def axis_index(self, axis: int | str) -> int:
         """The index of an axis given by index or name."""
@@ -240,7 +264,8 @@ class DeviceMesh:
 
     # Identity ---------------------------------------------------------------
     def _key(self) -> tuple:
-        return (self.shape, self.ranks, self.alpha_s, self.bandwidth_bytes_per_s, self.axis_names)
+        return (self.shape, self.ranks, self.alpha_s, self.bandwidth_bytes_per_s, self.axis_names,
+                self.backend)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DeviceMesh) and self._key() == other._key()
@@ -250,6 +275,8 @@ class DeviceMesh:
 
     def __repr__(self) -> str:
         extra = "" if self.ranks == tuple(range(self.size)) else f", ranks={list(self.ranks)}"
+        if self.backend is not None:
+            extra += f", backend={self.backend!r}"
         return (
             f"DeviceMesh({self.shape}{extra}, axis_names={self.axis_names}, "
             f"alpha_s={self.alpha_s}, bandwidth_bytes_per_s={self.bandwidth_bytes_per_s})"
@@ -262,6 +289,7 @@ class DeviceMesh:
             "axis_names": list(self.axis_names),
             "alpha_s": list(self.alpha_s),
             "bandwidth_bytes_per_s": list(self.bandwidth_bytes_per_s),
+            **({} if self.backend is None else {"backend": self.backend}),
         }
 
     @classmethod
@@ -278,4 +306,5 @@ class DeviceMesh:
             axis_names=data.get("axis_names"),
             alpha_s=data.get("alpha_s"),
             bandwidth_bytes_per_s=data.get("bandwidth_bytes_per_s"),
+            backend=data.get("backend"),
         )

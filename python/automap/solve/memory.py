@@ -20,8 +20,10 @@ then the optimizer step. With the ``NodeOptions`` columns:
 - an edge whose consumer reads another spec than its producer made converts
   the tensor (``conversion_bytes``): the copy and the collective's staging live
   while the consumer's forward runs, the gradient's conversion back while its
-  backward runs, and a converted parameter that the consumer (or a view after
-  it) saves for the backward is kept like the consumer's saved tensors.
+  backward runs, and a converted parameter, or activation an earlier node
+  saves too, that the consumer (or a view after it) saves for the backward is
+  kept like the consumer's saved tensors (the attention output a projection
+  saves: the same storage as attention's saved output, unless converted).
 
 So, with ``S(v)`` the bytes saved by ``v`` and the nodes before it, the memory
 in the forward of node ``v`` is ``state + inputs + S(v-1) + fwd_transient(v)``,
@@ -60,12 +62,13 @@ def optimizer_temp_factor(optimizer) -> float:
 class Timeline:
     """Where each node's memory sits on the step: the position of every op node
     (graph order), of every trainable parameter's gradient (its last use), and
-    the parameter edges whose converted copy is saved for the backward."""
+    the edges whose converted copy is saved for the backward on top of what the
+    consumer's saved bytes count (``NodeOptions.saved_copy_inputs``)."""
 
     order: list[str]
     position: dict[str, int]
     grad_position: dict[str, int]
-    saved_state_edges: set[tuple[str, int, str, int]]
+    saved_copy_edges: set[tuple[str, int, str, int]]
     #: Per node whose output a later node reads, the position of its last reader:
     #: the output's gradient waits from there through the node's backward.
     last_reader: dict[str, int]
@@ -93,7 +96,7 @@ def timeline(table) -> Timeline:
         """Whether ``reader`` saves what it reads from ``read``, itself or through
         views after it."""
         node = table.nodes[reader]
-        if read in node.saved_state_inputs:
+        if read in node.saved_copy_inputs:
             return True
         return node.kind == "view" and depth < 8 and any(
             saves(u, reader, depth + 1) for u in users.get(reader, []))
@@ -104,11 +107,8 @@ def timeline(table) -> Timeline:
         if p is not None and c is not None and c > p and \
                 any(info.is_float for info in table.nodes[producer].outputs):
             last_reader[producer] = max(last_reader.get(producer, 0), c)
-    saved_state_edges = {
-        edge for edge in table.edges()
-        if table.nodes[edge[0]].kind in ("parameter", "buffer", "constant")
-        and saves(edge[2], edge[0])}
-    return Timeline(order, position, grad_position, saved_state_edges, last_reader)
+    saved_copy_edges = {edge for edge in table.edges() if saves(edge[2], edge[0])}
+    return Timeline(order, position, grad_position, saved_copy_edges, last_reader)
 
 
 def conversion_bytes(full_bytes: float, src_shards: np.ndarray, dst_shards: np.ndarray,
@@ -141,7 +141,7 @@ def edge_memory(table, line: Timeline, edge, src_specs, dst_specs, shard_count):
     same = np.array(src_specs, dtype=object)[:, None] == np.array(dst_specs, dtype=object)[None, :]
     is_state = table.nodes[producer].kind in ("parameter", "buffer", "constant")
     fwd, bwd, kept = conversion_bytes(float(info.nbytes), a, b, is_state,
-                                      edge in line.saved_state_edges)
+                                      edge in line.saved_copy_edges)
     zero = np.where(same, 0.0, 1.0)
     return fwd * zero, bwd * zero, kept * zero
 

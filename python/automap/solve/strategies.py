@@ -81,8 +81,10 @@ class NodeOptions:
     bucket_bytes: np.ndarray
     module_path: str = ""
     tied_to: str | None = None  # a tied parameter placeholder follows this one
-    # Input nodes whose parameter/buffer data this node saves for its backward.
-    saved_state_inputs: frozenset[str] = frozenset()
+    # Input nodes this node saves for its backward that no saved-bytes column
+    # counts at its spec (parameters, buffers, activations an earlier node saves
+    # too): a conversion of one makes a copy the backward keeps.
+    saved_copy_inputs: frozenset[str] = frozenset()
     # Per strategy and input: the bytes of that input the node saves (part of
     # ``saved_bytes``; None: all zero).
     saved_input_bytes: np.ndarray | None = None
@@ -373,7 +375,8 @@ def _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count, device: De
     )
     if prof is not None:
         _activation_memory(options, ins, outs, prof, mesh, shard_count, params)
-        options.saved_state_inputs = frozenset(prof.saved_state_bytes)
+        options.saved_copy_inputs = frozenset(prof.saved_state_bytes) | frozenset(
+            prof.shared_saved_bytes)
     return options
 
 

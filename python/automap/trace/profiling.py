@@ -97,6 +97,10 @@ class NodeProfile:
     #: own on one device, but a sharded plan that converts one (gathers a weight)
     #: keeps the converted copy for the backward.
     saved_state_bytes: dict[str, int] = field(default_factory=dict)
+    #: Activations the node saves that an earlier node saves too (counted there),
+    #: by input node: a projection saving the attention output it reads. A plan
+    #: that converts one for this node keeps the converted copy as well.
+    shared_saved_bytes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -696,8 +700,12 @@ class _Recorder:
                 continue
             if record.kind != FORWARD and record.kind != "inputs":
                 continue  # optimizer state: not activations
-            if key in self.attributed:
-                continue  # saved by an earlier node too: it exists once
+            if key in self.attributed:  # saved by an earlier node too: it exists once
+                if record.node != node:
+                    source = input_of.get(key, record.node)
+                    prof.shared_saved_bytes[source] = prof.shared_saved_bytes.get(source, 0) \
+                        + record.nbytes
+                continue
             self.attributed.add(key)
             if record.node != node:
                 prof.fwd_in_bytes += record.nbytes

@@ -13,7 +13,8 @@
 //!   (a bias) lacks contracted letters without its gradient being partial.
 
 use crate::error::{invalid_argument, limit_exceeded, Result};
-use crate::sharding::mesh::{group_cost_s, Collective};
+use crate::sharding::collective::{collective_cost_s, Links};
+use crate::sharding::mesh::Collective;
 use crate::sharding::spec::{ShardingSpec, MAX_TENSOR_RANK};
 
 use super::Strategy;
@@ -56,6 +57,8 @@ pub struct CostModel {
     pub memory_bandwidth_bytes_per_s: f64,
     /// Fixed time of one kernel (dispatch and launch), seconds.
     pub op_overhead_s: f64,
+    /// The backend runs a reduce-scatter as an all-reduce (gloo).
+    pub reduce_scatter_as_all_reduce: bool,
 }
 
 impl CostModel {
@@ -69,14 +72,13 @@ impl CostModel {
     /// One collective over a set of mesh axes, by the algorithm that will run it
     /// (one flat ring or per-axis steps, whichever is cheaper: `sharding::collective`).
     pub fn collective_s(&self, kind: Collective, bytes: f64, axes: &[usize]) -> f64 {
-        group_cost_s(
-            kind,
-            bytes,
-            axes,
-            &self.mesh_shape,
-            &self.alpha_s,
-            &self.bandwidth_bytes_per_s,
-        )
+        let links = Links {
+            shape: &self.mesh_shape,
+            alpha_s: &self.alpha_s,
+            bandwidth_bytes_per_s: &self.bandwidth_bytes_per_s,
+            reduce_scatter_as_all_reduce: self.reduce_scatter_as_all_reduce,
+        };
+        collective_cost_s(kind, bytes, axes, &links)
     }
 }
 
@@ -428,6 +430,7 @@ mod tests {
             bandwidth_bytes_per_s: vec![1e9; mesh.len()],
             flops_per_s: 1e12,
             memory_bandwidth_bytes_per_s: 1e11,
+            reduce_scatter_as_all_reduce: false,
             op_overhead_s: 1e-6,
         }
     }
