@@ -3,7 +3,8 @@ schedule's nested regions over linearized stages) become
 ``torch.utils.checkpoint.checkpoint(block, *inputs, use_reentrant=False)``
 calls in the generated graph, nested where the schedule nests (non-reentrant
 checkpoints nest; each keeps only its inputs for the backward, which runs the
-region again).
+region again). A region stashes the random generators' state for its
+recomputation only where it draws random numbers (``draws_random``).
 
 Every generated node carries the traced node it was emitted for
 (``meta["automap_origin"]``), so a stage is the traced nodes linearization put
@@ -114,7 +115,9 @@ def _wrap(graph: fx.Graph, attrs: dict, block: dict, counter) -> None:
         args = [graph.call_function(torch.ops.aten.clone.default, (a,), name=f"{a.name}_copy")
                 if a in written else a for a in inputs]
         call = graph.call_function(torch.utils.checkpoint.checkpoint, (fn, *args),
-                                   {"use_reentrant": False}, name=f"block_{index}")
+                                   {"use_reentrant": False,
+                                    "preserve_rng_state": draws_random(region)},
+                                   name=f"block_{index}")
         call.meta[_STAGE] = lo
         fn.meta[_STAGE] = None
         results = []
@@ -133,6 +136,40 @@ def _wrap(graph: fx.Graph, attrs: dict, block: dict, counter) -> None:
                 user.replace_input_with(node, item)
     for node in reversed(region):
         graph.erase_node(node)
+
+
+#: Modules whose functions the generator emits and that draw no random numbers
+#: unless a random op is among their arguments (``ops.sharded_dropout(op, ...)``).
+_GENERATED_CALLS = ("automap.sharding.collectives", "automap.generate.ops")
+
+
+def draws_random(nodes) -> bool:
+    """Whether running ``nodes`` may draw from a random generator: only then must
+    a region's recomputation replay the generator, whose state stashed costs
+    5 KB of CPU memory from the region's forward to its recomputation (torch
+    2.15's Mersenne Twister). Deterministic: aten and prims ops without the
+    ``nondeterministic_seeded`` tag (dropout, ``rand``, attention, RNNs carry
+    it), the generator's collectives and local ops not given such an op, a
+    nested region that does not stash; anything else may draw (other
+    libraries' custom ops, higher-order ops, unknown functions)."""
+    return any(_draws_random(node) for node in nodes if node.op == "call_function")
+
+
+def _random_op(value) -> bool:
+    return isinstance(value, torch._ops.OpOverload) \
+        and torch.Tag.nondeterministic_seeded in value.tags
+
+
+def _draws_random(node: fx.Node) -> bool:
+    target = node.target
+    if target is torch.utils.checkpoint.checkpoint:
+        return bool(node.kwargs.get("preserve_rng_state", True))
+    if any(_random_op(v) for v in torch.utils._pytree.tree_leaves((node.args, node.kwargs))):
+        return True  # the generator's random ops on shards, e.g. ops.sharded_dropout
+    if isinstance(target, torch._ops.OpOverload):
+        return _random_op(target) or target.namespace not in ("aten", "prims")
+    return not (target is operator.getitem
+                or getattr(target, "__module__", None) in _GENERATED_CALLS)
 
 
 def _check_contiguous(region, inside) -> None:

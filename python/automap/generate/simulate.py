@@ -14,7 +14,9 @@ This is the oracle the planner's memory model is checked against (and that
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -208,7 +210,7 @@ def simulate_step(traced, plan, *, rank: int | None = None, optimizer="adamw",
                           lambda shards: fake_shards(traced, plan, shards, rank, device))
         inputs = fake_inputs(traced, plan, rank, device, local_inputs)
         params, opt = persistent_state(timeline, module, inputs, optimizer, device)
-        with TrackStorage(timeline, device):
+        with TrackStorage(timeline, device), generator_states_tracked(timeline, device):
             timeline.phase = "forward"
             start = timeline.clock
             outputs = _Runner(module, timeline).run(*inputs)
@@ -217,6 +219,30 @@ def simulate_step(traced, plan, *, rank: int | None = None, optimizer="adamw",
             loss.backward()
             del loss, outputs
             return optimizer_step(timeline, rank, params, opt, start)
+
+
+@contextlib.contextmanager
+def generator_states_tracked(timeline: _Timeline, device: torch.device) -> Iterator[None]:
+    """The CPU generator's states that ``torch.get_rng_state`` returns are
+    tracked too: a checkpoint region that draws random numbers stashes one from
+    its forward to its recomputation, which stashes the running one beside it
+    (5 KB each). They are made outside the dispatcher, where ``TrackStorage``
+    does not see them, and they are CPU memory: not tracked on other devices."""
+    if device.type != "cpu":
+        yield
+        return
+    get_state = torch.get_rng_state
+
+    def tracked() -> torch.Tensor:
+        state = get_state()
+        timeline.track(state)
+        return state
+
+    torch.get_rng_state = tracked
+    try:
+        yield
+    finally:
+        torch.get_rng_state = get_state
 
 
 def persistent_state(timeline: _Timeline, module, inputs, optimizer, device):

@@ -51,6 +51,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from automap.errors import AutomapError, TraceError
 from automap.progress import stage
 from automap.trace.causal_mask import CAUSAL_MASK, causal_call
+from automap.trace.kernel_scratch import measured_scratch
 from automap.trace.tracing import TracedGraph, default_loss, trace
 
 log = logging.getLogger(__name__)
@@ -426,21 +427,22 @@ def _channels_padded(t: torch.Tensor, multiple: int) -> int:
     return _nbytes(t) // max(channels, 1) * (-(-channels // multiple) * multiple)
 
 
-def _conv_forward_workspace(args: tuple, out: torch.Tensor) -> int:
-    # oneDNN computes the output in its blocked layout (channels padded to 16) and
-    # copies it out; an input of 16 channels or more is reordered into that layout
-    # first, with the weight. (Fitted to the CPU allocator's events over input and
-    # output channels 3-32, strides 1 and 2.)
+def _conv_forward_estimate(args: tuple, out: torch.Tensor) -> int:
+    # Where the convolution is not measured (kernel_scratch): oneDNN computes the
+    # output in its blocked layout (channels padded to 16) and copies it out; an
+    # input of 16 channels or more is reordered into that layout first, with
+    # the weight. (Fitted to the CPU allocator's events over input and output
+    # channels 3-32, strides 1 and 2.)
     blocked_out = _channels_padded(out, 16)
     copies = _nbytes(args[0]) + _nbytes(args[1]) if args[0].shape[1] >= 16 else 0
     return max(blocked_out, copies + blocked_out - _nbytes(out))
 
 
-def _conv_backward_workspace(args: tuple, out: Any) -> int:
-    # Blocked copies of grad_output (channels padded to 16) and input for the
-    # weight gradient; a strided convolution also holds two input-sized buffers
-    # for the input gradient. Thin inputs (first layers, channel shards) are
-    # padded to 8 channels and kept beside a plain copy.
+def _conv_backward_estimate(args: tuple, out: Any) -> int:
+    # Where the convolution is not measured: blocked copies of grad_output
+    # (channels padded to 16) and the input for the weight gradient; a strided
+    # convolution also holds two input-sized buffers for the input gradient.
+    # Thin inputs are padded to 8 channels and kept beside a plain copy.
     grad_out, x = args[0], args[1]
     blocked_grad = _channels_padded(grad_out, 16)
     if x.shape[1] >= 16 or x.shape[1] % 8 == 0:
@@ -449,6 +451,13 @@ def _conv_backward_workspace(args: tuple, out: Any) -> int:
         copies = _channels_padded(x, 8) + blocked_grad + _nbytes(x)
     strided = any(s != 1 for s in args[4])
     return max(copies, 2 * _nbytes(x)) if strided else copies
+
+
+def _measured(op: Any, estimate: Callable[[tuple, Any], int]) -> Callable[[tuple, Any], int]:
+    def workspace(args: tuple, out: Any) -> int:
+        return measured_scratch(op, args, out, estimate)
+
+    return workspace
 
 
 def _batch_norm_backward_workspace(args: tuple, out: Any) -> int:
@@ -478,9 +487,10 @@ _aten = torch.ops.aten
 
 #: Scratch memory that kernels allocate inside an op, invisible to FakeTensors (which
 #: only see an op's outputs): the transient on top of the outputs, per op. The matmul
-#: rule holds on every device. The CPU rules are derived from the allocations of
-#: PyTorch's oneDNN convolution and native batch norm (PyTorch profiler memory events);
-#: cuDNN's algorithm-dependent workspaces are not modelled.
+#: rule holds on every device. On the CPU, oneDNN's convolutions are measured per
+#: argument shape (``kernel_scratch``); native batch norm's rule is derived from its
+#: allocations (PyTorch profiler memory events). cuDNN's algorithm-dependent
+#: workspaces are not modelled.
 WORKSPACE: dict[Any, Callable[[tuple, Any], int]] = {
     _aten.mm.default: _matmul_copies(0, 1),
     _aten.addmm.default: _matmul_copies(1, 2),
@@ -489,8 +499,9 @@ WORKSPACE: dict[Any, Callable[[tuple, Any], int]] = {
 }
 CPU_WORKSPACE: dict[Any, Callable[[tuple, Any], int]] = {
     **WORKSPACE,
-    _aten.convolution.default: _conv_forward_workspace,
-    _aten.convolution_backward.default: _conv_backward_workspace,
+    _aten.convolution.default: _measured(_aten.convolution.default, _conv_forward_estimate),
+    _aten.convolution_backward.default: _measured(_aten.convolution_backward.default,
+                                                  _conv_backward_estimate),
     _aten.native_batch_norm_backward.default: _batch_norm_backward_workspace,
 }
 
