@@ -12,6 +12,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from automap.trace.allocator_events import allocation_peak_bytes
+
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
@@ -73,21 +75,7 @@ def _allocation_peak_bytes(prof) -> int:
     kept by the allocator whatever thread frees a tensor; the profiler loses the
     events of frees on some threads (gloo's workers drop tensors a collective held),
     so summing the events' sizes overcounts."""
-    allocations = sorted((n for n in _walk(prof.profiler.kineto_results.experimental_event_tree())
-                          if str(n.typed[0]).endswith("Allocation")
-                          and n.typed[1].device.type == "cpu"),
-                         key=lambda n: n.start_time_ns)
-    if not allocations:
-        return 0
-    first = allocations[0].typed[1]
-    start = first.total_allocated - first.alloc_size
-    return max(n.typed[1].total_allocated for n in allocations) - start
-
-
-def _walk(nodes):
-    for node in nodes:
-        yield node
-        yield from _walk(node.children)
+    return allocation_peak_bytes(prof.profiler.kineto_results, "cpu")
 
 
 def measure_plan(rank: int, world: int, name: str, plan_path: str, timed_steps: int = 0) -> dict:

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
 from trust_workers import measure_training
+from two_stage import parameters_replicated
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
@@ -26,15 +27,6 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 #: program from the plan's choice.
 RUNNERS = ("ddp", "fsdp2", "automap", "automap_budget", "automap_links",
            "automap_links_budget", "automap_dp")
-
-
-def parameters_whole(table, node):
-    """A ``strategy_filter`` keeping every parameter replicated (data parallelism)."""
-    import numpy as np
-
-    if node.kind != "parameter":
-        return np.ones(len(node), dtype=bool)
-    return np.array([all(set(spec) <= {"R"} for spec in outs) for outs in node.out_specs])
 
 
 @dataclass(frozen=True)
@@ -228,7 +220,7 @@ def compare(rank: int, world: int, setup: Setup, runners=RUNNERS) -> dict[str, d
             steps[name], out[name] = run_fsdp2(rank, world, setup)
         elif name == "automap_dp":
             steps[name], out[name] = run_automap(rank, world, setup, budget, mesh,
-                                                 strategy_filter=parameters_whole)
+                                                 strategy_filter=parameters_replicated)
         elif name in RUNNERS:
             steps[name], out[name] = run_automap(rank, world, setup, budget, mesh)
         else:

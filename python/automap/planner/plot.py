@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from automap.errors import AutomapError, InvalidArgumentError
+from automap.trace.allocator_events import allocation_events, total_before
 
 #: Nodes that are not computation (graph inputs, parameters, the output).
 _NOT_COMPUTED = ("parameter", "input", "output", "buffer", "constant")
@@ -84,26 +85,16 @@ class MeasuredMemory:
         and free events on ``device``, less the total before the first, plus
         ``base_bytes`` (what was live when the step began: parameters, optimizer
         state, inputs), at the event's index over all of the step's events."""
-        events = sorted((n for n in _walk(prof.profiler.kineto_results.experimental_event_tree())
-                         if str(n.typed[0]).endswith("Allocation")
-                         and n.typed[1].device.type == device),
-                        key=lambda n: n.start_time_ns)
+        events = allocation_events(prof.profiler.kineto_results, device)
         if not events:
             raise InvalidArgumentError(
                 f"prof holds no {device} memory events; profile one step with "
                 f"torch.profiler.profile(profile_memory=True)")
-        first = events[0].typed[1]
-        start = first.total_allocated - first.alloc_size
+        start = total_before(events)
         count = max(1, len(events) - 1)
         return cls(tuple(i / count for i in range(len(events))),
                    tuple(float(max(0, n.typed[1].total_allocated - start) + base_bytes)
                          for n in events), label)
-
-
-def _walk(nodes):
-    for node in nodes:
-        yield node
-        yield from _walk(node.children)
 
 
 def _figure_class():

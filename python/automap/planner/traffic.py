@@ -19,7 +19,6 @@ import math
 from automap.planner.plan import Plan
 from automap.planner.step_time import CAST_OP
 from automap.sharding.layout import layout_path
-from automap.sharding.mesh import REDUCE_SCATTER_AS_ALL_REDUCE
 from automap.sharding.spec import ShardingSpec
 from automap.solve.fsdp import fused_gather
 from automap.solve.shared_gradients import plan_readings, shared_gradients
@@ -27,12 +26,12 @@ from automap.solve.shared_gradients import plan_readings, shared_gradients
 _RING_SHARE = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0, "all_reduce": 2.0}
 
 
-def _sent_bytes(kind: str, nbytes: float, n: int, backend: str | None = None) -> float:
+def _sent_bytes(kind: str, nbytes: float, n: int, as_all_reduce: bool = False) -> float:
     if n <= 1:
         return 0.0
     if kind == "broadcast":
         return nbytes
-    if kind == "reduce_scatter" and backend in REDUCE_SCATTER_AS_ALL_REDUCE:
+    if kind == "reduce_scatter" and as_all_reduce:
         kind = "all_reduce"
     return _RING_SHARE[kind] * (n - 1) / n * nbytes
 
@@ -46,7 +45,7 @@ def collective_bytes_per_axis(plan: Plan) -> list[float]:
     def carry(kind: str, nbytes: float, axes) -> None:
         for step in mesh.collective_plan(kind, nbytes, axes).steps:
             sent = _sent_bytes(step.kind, step.nbytes, math.prod(mesh.shape[a] for a in step.axes),
-                               mesh.backend)
+                               mesh.reduce_scatter_as_all_reduce)
             for a in step.axes:
                 per_axis[a] += sent
 
@@ -107,7 +106,7 @@ def collective_bytes_per_axis(plan: Plan) -> list[float]:
             before = total / step.before.shard_count(mesh)
             if step.kind == "all_gather" and step.axis in grad_axes:  # and its reduce-scatter
                 per_axis[step.axis] += (_sent_bytes("all_gather", before * n, n) + _sent_bytes(
-                    "reduce_scatter", before * n, n, mesh.backend))
+                    "reduce_scatter", before * n, n, mesh.reduce_scatter_as_all_reduce))
             elif step.kind == "all_gather":  # forward gather (the backward split is local)
                 per_axis[step.axis] += _sent_bytes("all_gather", before * n, n)
             elif step.kind == "shard":  # backward gather of the gradient

@@ -164,6 +164,12 @@ class DeviceMesh:
     def bandwidth_bytes_per_s(self) -> tuple[float, ...]:
         return tuple(self._native.bandwidth_bytes_per_s)
 
+    @property
+    def reduce_scatter_as_all_reduce(self) -> bool:
+        """Whether this mesh's backend runs a reduce-scatter as an all-reduce of
+        its whole input (gloo), and so prices and sends it as one."""
+        return self._native.reduce_scatter_as_all_reduce
+
     def with_backend(self, backend: str | None) -> DeviceMesh:
         """This mesh (same ranks, names and links) with collectives priced as
         ``backend`` runs them."""

@@ -19,6 +19,8 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
+from automap.trace.allocator_events import allocation_peak_bytes
+
 #: Ops whose real operands and outputs would exceed this are not run; their
 #: scratch is the caller's estimate (a planning process should not allocate
 #: what a rank's step does at full size).
@@ -69,24 +71,4 @@ def _run(func: Any, args: tuple) -> int:
         out = func(*real)
     outputs = sum(t.untyped_storage().nbytes() for t in pytree.tree_leaves(out)
                   if isinstance(t, torch.Tensor))
-    return max(0, _allocation_peak(prof) - outputs)
-
-
-def _allocation_peak(prof: torch.autograd.profiler.profile) -> int:
-    """The most bytes the CPU allocator held during the profiled region beyond
-    what it held when it began (the running total every allocation event
-    carries, whatever thread allocated)."""
-    events = sorted((e for e in _walk(prof.kineto_results.experimental_event_tree())
-                     if str(e.typed[0]).endswith("Allocation")
-                     and e.typed[1].device.type == "cpu"),
-                    key=lambda e: e.start_time_ns)
-    if not events:
-        return 0
-    start = events[0].typed[1].total_allocated - events[0].typed[1].alloc_size
-    return max(e.typed[1].total_allocated for e in events) - start
-
-
-def _walk(nodes: list) -> Any:
-    for node in nodes:
-        yield node
-        yield from _walk(node.children)
+    return max(0, allocation_peak_bytes(prof.kineto_results) - outputs)
