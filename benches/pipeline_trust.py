@@ -48,9 +48,6 @@ WORLD = 4
 #: (pipeline, schedule, microbatches); "off": the intra-op plan on the whole mesh.
 CONFIGS = [("off", None, 1), (2, "1f1b", 4), (2, "gpipe", 4), (4, "1f1b", 4),
            (4, "gpipe", 4), (2, "gpipe", 2), (2, "1f1b", 8), (4, "1f1b", 8)]
-#: Compute ahead of each timed collective when the links are measured between
-#: the steps (as benches/step_time.py).
-LOAD_FLOPS = 5e8
 
 
 def _detect(rank: int, world: int) -> dict | None:
@@ -92,7 +89,7 @@ def _time_plans(rank: int, world: int, plans: list[dict], rounds: int, warmup: i
     import torch.distributed as dist
 
     from automap.api import apply
-    from automap.cluster.detect import measure_mesh
+    from automap.cluster.detect import TRAINING_LOAD_FLOPS, measure_mesh
     from automap.cluster.device import measure_concurrently
     from automap.planner.plan import Plan
     from automap.sharding.mesh import DeviceMesh
@@ -107,7 +104,7 @@ def _time_plans(rank: int, world: int, plans: list[dict], rounds: int, warmup: i
     times, profiles, links = [[] for _ in plans], [], []
     for _ in range(warmup + rounds):
         profiles.append(measure_concurrently("cpu").to_dict())
-        links.append(measure_mesh(whole, load_flops=LOAD_FLOPS).to_dict())
+        links.append(measure_mesh(whole, load_flops=TRAINING_LOAD_FLOPS).to_dict())
         for k, (module, opt, inputs) in enumerate(modules):
             dist.barrier()
             start = time.perf_counter()

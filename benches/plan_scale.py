@@ -8,10 +8,14 @@ predicted step time, the ILP's gap to its LP bound, peak RSS; with
 followers (``reduce_formulation=True``, see ``automap.solve.reduce``) and
 the ratios reduced/default of total time and of predicted step time; with ``--exact``
 the same rows again with every budgeted ILP solved by branch and bound (the
-formulation before LP dives, ``exact_columns=inf``).
+formulation before LP dives, ``exact_columns=inf``); with ``--whole`` the
+same rows again without the search's second family, plans with every parameter
+whole (``search.SEARCH_WHOLE_PARAMETERS=False``, the search before stop 28), and
+the ratios default/without of total time and of predicted step time.
 
     python benches/plan_scale.py [--models gpt2,gpt2-medium,gpt3,llama7b] [--meshes 2x2x2,2x4]
-                                 [--budgets 1.0,0.5,0.3] [--reduced] [--exact] [--json]
+                                 [--budgets 1.0,0.5,0.3] [--reduced] [--exact] [--whole]
+                                 [--json]
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import time
 import warnings
 
 from automap import DeviceMesh, InfeasibleBudgetError, SolverTimeLimitError
+from automap.planner import search
 from automap.planner.search import plan
 from meta_models import gpt2_lm, gpt3, llama7b, peak_rss_bytes
 
@@ -53,7 +58,8 @@ def mesh_of(text: str) -> DeviceMesh:
 
 def row(model, inputs, mesh, budget, kind: str, reduce_depth: bool) -> dict:
     """One plan; ``kind``: "new" (the default formulation), "reduced"
-    (multi-input followers) or "exact" (branch and bound under every budget)."""
+    (multi-input followers), "exact" (branch and bound under every budget) or
+    "whole" (the default without the whole-parameter family)."""
     start = time.perf_counter()
     options = dict(flops_per_s=FLOPS_PER_S, memory_bandwidth_bytes_per_s=MEMORY_BANDWIDTH,
                    op_overhead_s=OP_OVERHEAD_S, reduce_depth=reduce_depth)
@@ -61,10 +67,13 @@ def row(model, inputs, mesh, budget, kind: str, reduce_depth: bool) -> dict:
         options["exact_columns"] = math.inf
     if kind == "reduced":
         options["reduce_formulation"] = True
+    search.SEARCH_WHOLE_PARAMETERS = kind != "whole"
     try:
         p = plan(model, inputs, mesh, budget, **options)
     except (InfeasibleBudgetError, SolverTimeLimitError) as err:
         return {"error": type(err).__name__, "total_s": time.perf_counter() - start}
+    finally:
+        search.SEARCH_WHOLE_PARAMETERS = True
     s = p.solver
     return {"total_s": time.perf_counter() - start, "trace_s": s["trace_s"],
             "strategies_s": s["strategies_s"], "solve_s": s["solve_s"],
@@ -87,6 +96,8 @@ def main() -> None:
                         help="also plan with the reduction stage's multi-input followers")
     parser.add_argument("--exact", action="store_true",
                         help="also solve every budgeted ILP by branch and bound")
+    parser.add_argument("--whole", action="store_true",
+                        help="also plan without the search's whole-parameter family")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -103,14 +114,14 @@ def main() -> None:
                 budget = fraction * free.predicted_peak_memory_bytes
                 result = {"model": name, "mesh": mesh_text, "budget_x": fraction,
                           "new": row(model, inputs, mesh, budget, "new", reduce_depth)}
-                for kind in ("reduced", "exact"):
+                for kind in ("reduced", "exact", "whole"):
                     if getattr(args, kind):
                         result[kind] = row(model, inputs, mesh, budget, kind, reduce_depth)
                 result["peak_rss_gib"] = peak_rss_bytes() / 2**30
                 if args.json:
                     print(json.dumps(result), flush=True)
                     continue
-                for kind in ("new", "reduced", "exact"):
+                for kind in ("new", "reduced", "exact", "whole"):
                     r = result.get(kind)
                     if r is None:
                         continue
@@ -131,6 +142,11 @@ def main() -> None:
                           f"{old['step_ms'] / exact['step_ms']:.4f}x (exact's own gap to its "
                           f"bound {exact['gap']:.4f}), total "
                           f"{old['total_s'] / exact['total_s']:.2f}x", flush=True)
+                without = result.get("whole")
+                if without is not None and "error" not in without and "error" not in old:
+                    print(f"{name:12} {mesh_text:6} {fraction:4.2f}x new/without whole: total "
+                          f"{old['total_s'] / without['total_s']:.2f}x, step "
+                          f"{old['step_ms'] / without['step_ms']:.4f}x", flush=True)
                 new = result.get("reduced")
                 if new is not None and "error" not in new and "error" not in old:
                     print(f"{name:12} {mesh_text:6} {fraction:4.2f}x reduced/new: total "

@@ -41,9 +41,6 @@ VOCAB, SEQ, HIDDEN, HEADS, LAYERS, BATCH = 2048, 256, 256, 4, 4, 16
 #: kernel overhead out of the picture), nothing overlapped, no optimizer step.
 UNBOUNDED_BYTES_PER_S, NO_OVERHEAD_S = 1e30, 1e-30
 OLD_DEFAULT_FLOPS_PER_S = 100e12
-#: Compute ahead of each timed collective when the links are measured alongside
-#: the steps (about the work between two collectives of a sharded step here).
-LOAD_FLOPS = 5e8
 
 
 def _model():
@@ -135,7 +132,7 @@ def _cases(mesh_1d, mesh_2d, device, traced, profile):
 def _time_plans(rank: int, world: int, plans: list[dict], rounds: int, warmup: int) -> dict:
     import torch.distributed as dist
 
-    from automap.cluster.detect import measure_mesh
+    from automap.cluster.detect import TRAINING_LOAD_FLOPS, measure_mesh
     from automap.cluster.device import measure_concurrently
     from automap.generate.program import generate
     from automap.planner.plan import Plan
@@ -156,7 +153,7 @@ def _time_plans(rank: int, world: int, plans: list[dict], rounds: int, warmup: i
     for _ in range(warmup + rounds):
         # The device and the links in the same conditions as the steps around them.
         profiles.append(measure_concurrently("cpu").to_dict())
-        links.append({shape: measure_mesh(mesh, load_flops=LOAD_FLOPS).to_dict()
+        links.append({shape: measure_mesh(mesh, load_flops=TRAINING_LOAD_FLOPS).to_dict()
                       for shape, mesh in meshes.items()})
         for k, (module, opt) in enumerate(modules):
             dist.barrier()

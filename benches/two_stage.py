@@ -27,11 +27,11 @@ import sys
 import time
 import warnings
 
-import numpy as np
 import torch
 
 from automap import DeviceMesh, InfeasibleBudgetError
 from automap.planner.search import plan_traced
+from automap.solve.strategies import parameters_whole
 from automap.trace.profiling import profile_traced
 from automap.trace.tracing import default_loss, trace
 
@@ -57,13 +57,6 @@ def mesh() -> DeviceMesh:
     return DeviceMesh((4,), alpha_s=[1e-5], bandwidth_bytes_per_s=[25e9])
 
 
-def parameters_replicated(table, node):
-    """Data parallelism's constraint: every parameter whole on every device."""
-    if node.kind != "parameter":
-        return np.ones(len(node), dtype=bool)
-    return np.array([all(set(spec) <= {"R"} for spec in outs) for outs in node.out_specs])
-
-
 def compare(fractions=(0.9, 0.8)) -> list[dict]:
     """Per budget fraction: estimated step seconds of each search (inf when
     nothing fits), and planning seconds."""
@@ -73,7 +66,7 @@ def compare(fractions=(0.9, 0.8)) -> list[dict]:
     searches = {
         "ilp_alone": {"checkpointing": "off"},
         "checkpointing_alone_dp": {"checkpointing": "only",
-                                   "strategy_filter": parameters_replicated},
+                                   "strategy_filter": parameters_whole},
         "checkpointing_alone_fastest": {"checkpointing": "only"},
         "two_stage": {"checkpointing": "auto"},
     }

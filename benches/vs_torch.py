@@ -10,10 +10,13 @@ ranks, in one run, under:
   every rank at first use) on the global batch;
 - automap within a budget DDP cannot meet (``--budget-fraction`` of DDP's measured
   peak per rank);
-- both again on the same mesh with its links measured on the ranks
-  (``automap.cluster.detect.measure_mesh``) instead of the default link model
-  (10 us, 100 GB/s), which ``autoparallelize`` plans with when given a mesh shape;
-  item 6 is checked on the default-options runs, these are printed beside them.
+- both again on the same mesh with its links measured between idle ranks
+  (``automap.cluster.detect.measure_mesh`` without load) instead of as
+  ``autoparallelize`` measures them for a mesh shape (each all-reduce's latency
+  after ``TRAINING_LOAD_FLOPS`` of compute on every rank, waiting for the
+  slowest); item 6 is checked on the default-options runs, these are printed
+  beside them;
+- ``automap_dp``, a reference: the default options with every parameter whole.
 
 Each runner is built and its memory measured in turn, then all are timed together:
 ``--steps`` rounds of one step of each (rotated order, every step started on every

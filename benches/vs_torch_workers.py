@@ -14,14 +14,15 @@ import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
+from automap.solve.strategies import parameters_whole
 from trust_workers import measure_training
-from two_stage import parameters_replicated
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 #: automap with default options, and within a budget DDP cannot meet; the "_links"
-#: runs plan the same on a mesh whose links were measured on the ranks
-#: (``automap.cluster.detect.measure_mesh``) instead of the default link model.
+#: runs plan the same on a mesh whose links were measured between idle ranks
+#: (``automap.cluster.detect.measure_mesh`` without load) instead of after a
+#: step's share of compute, as ``autoparallelize`` measures them.
 #: "automap_dp" is a reference, not a verdict: the default options with every
 #: parameter whole (data parallelism, what DDP runs), to tell the generated
 #: program from the plan's choice.
@@ -220,7 +221,7 @@ def compare(rank: int, world: int, setup: Setup, runners=RUNNERS) -> dict[str, d
             steps[name], out[name] = run_fsdp2(rank, world, setup)
         elif name == "automap_dp":
             steps[name], out[name] = run_automap(rank, world, setup, budget, mesh,
-                                                 strategy_filter=parameters_replicated)
+                                                 strategy_filter=parameters_whole)
         elif name in RUNNERS:
             steps[name], out[name] = run_automap(rank, world, setup, budget, mesh)
         else:

@@ -221,15 +221,17 @@ def _device_speeds(plan_options: dict, known: dict | None, device: torch.device,
 
 def _measured(meshes: list[DeviceMesh]) -> list[DeviceMesh]:
     """``meshes`` with their links measured on the process group, once per
-    process group and mesh shape (collective)."""
-    from automap.cluster.detect import measure_mesh
+    process group and mesh shape (collective): the latency after a step's
+    share of compute on every rank, as a training step's collectives meet it
+    (``measure_mesh(load_flops=)``)."""
+    from automap.cluster.detect import TRAINING_LOAD_FLOPS, measure_mesh
 
     key = (id(dist.group.WORLD), dist.get_world_size())
     cache = _MEASURED_LINKS.setdefault(key, {})
     out = []
     for m in meshes:
         if (m.shape, m.ranks) not in cache:
-            cache[(m.shape, m.ranks)] = measure_mesh(m)
+            cache[(m.shape, m.ranks)] = measure_mesh(m, load_flops=TRAINING_LOAD_FLOPS)
         out.append(cache[(m.shape, m.ranks)])
     return out
 

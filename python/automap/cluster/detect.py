@@ -36,6 +36,7 @@ before the end event (``work.wait()``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -460,15 +461,26 @@ def _axis_partitions(topology: Topology, count: int) -> list[list[list[int]]]:
     return list(found.values())
 
 
+#: Compute ahead of each all-reduce when a mesh's latency is measured as training
+#: meets it (``measure_mesh(load_flops=)``, ``autoparallelize``'s measured links):
+#: about the work between two collectives of a sharded step of a small model. A
+#: collective in a step waits for the slowest rank; where ranks share cores that
+#: wait (the skew of their schedules) dwarfs the idle latency: 4 gloo ranks on 2
+#: cores measured 1.1-4 ms idle and 8-11 ms after 1e9 FLOPs each (stop 28).
+TRAINING_LOAD_FLOPS = 5e8
+
+
 def measure_mesh(mesh: DeviceMesh, sizes_bytes: Sequence[int] = DEFAULT_CPU_SIZES_BYTES,
                  iters: int = 5, warmup: int = 1, load_flops: float = 0.0) -> DeviceMesh:
     """``mesh`` with every axis's latency and bus bandwidth measured now: an
     all-reduce series on all of the axis's groups at once, fitted on each
     size's median iteration (what a training step meets, interference from
     whatever else runs included; ``detect_cluster`` keeps the fastest). With
-    ``load_flops``, every call follows that much compute on every rank, so
-    the time includes waiting for the slowest. Collective over the default
-    process group."""
+    ``load_flops``, the latency is the smallest size's all-reduce (its
+    median) when every call follows that much compute on every rank, so that
+    it includes waiting for the slowest rank, as a collective in a training
+    step does; the bandwidth is the idle series' (a loaded fit's is noise).
+    Collective over the default process group."""
     on_gpu = dist.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     bench = _Bench(tuple(int(s) for s in sizes_bytes), iters, warmup, device)
@@ -479,30 +491,56 @@ def measure_mesh(mesh: DeviceMesh, sizes_bytes: Sequence[int] = DEFAULT_CPU_SIZE
             alpha.append(mesh.alpha_s[axis])
             bandwidth.append(mesh.bandwidth_bytes_per_s[axis])
             continue
-        link, _ = _measure_partition(bench, mesh.axis_groups(axis), sizes, np.median,
-                                     load_flops)
-        alpha.append(link.alpha_s)
+        link, _ = _measure_partition(bench, mesh.axis_groups(axis), sizes, np.median)
+        alpha_s = link.alpha_s
+        if load_flops > 0:
+            smallest = _Bench((int(sizes.min()),), iters, warmup, device)
+            with _partition_group(mesh.axis_groups(axis)) as group:
+                mine = smallest.all_reduce(group, load_flops)[0]
+            size = len(mesh.axis_groups(axis)[0])
+            busy_s = _slowest_group_median(mesh.axis_groups(axis), mine)
+            volume = sizes.min() * 2.0 * (size - 1) / size
+            alpha_s = max(alpha_s, busy_s - volume / link.bandwidth_bytes_per_s)
+        alpha.append(alpha_s)
         bandwidth.append(link.bandwidth_bytes_per_s)
     return DeviceMesh(mesh.shape, ranks=mesh.ranks, axis_names=mesh.axis_names, alpha_s=alpha,
                       bandwidth_bytes_per_s=bandwidth, backend=mesh.backend)
 
 
+@contextlib.contextmanager
+def _partition_group(partition: list[list[int]]):
+    """The process group of this rank's part of ``partition`` (one subgroup per
+    part; None: the default group, when one part holds the world), destroyed after."""
+    if len(partition[0]) == dist.get_world_size():
+        yield None
+        return
+    group, subgroups = dist.new_subgroups_by_enumeration(partition)
+    try:
+        yield group
+    finally:
+        for g in subgroups:
+            dist.destroy_process_group(g)
+
+
+def _slowest_group_median(partition: list[list[int]], mine: list[float]) -> float:
+    """The largest over ``partition``'s groups of the median of its ranks' times
+    (``mine``: this rank's); collective over the default group."""
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return max(float(np.median([t for r in g for t in gathered[r]])) for g in partition)
+
+
 def _measure_partition(bench: _Bench, partition: list[list[int]], sizes: np.ndarray,
-                       pick: Callable[..., Any] = np.min,
-                       load_flops: float = 0.0) -> tuple[GroupLink, dict]:
+                       pick: Callable[..., Any] = np.min) -> tuple[GroupLink, dict]:
     """All-reduce on every group of ``partition`` at once; the slowest
     group's fit (on the iteration ``pick`` chooses per size) as a
     ``GroupLink``, and algbw/busbw per size for the record."""
     n = dist.get_world_size()
     size = len(partition[0])
-    group: Any = None  # torch types the subgroup as ProcessGroup or a sentinel int
-    subgroups: list = []
-    if size != n:
-        group, subgroups = dist.new_subgroups_by_enumeration(partition)
+    with _partition_group(partition) as group:
+        mine = bench.all_reduce(group)
     gathered: list = [None] * n
-    dist.all_gather_object(gathered, bench.all_reduce(group, load_flops))
-    for g in subgroups:
-        dist.destroy_process_group(g)
+    dist.all_gather_object(gathered, mine)
     times = np.array(
         [pick(np.concatenate([gathered[r] for r in g], axis=1), axis=1) for g in partition]
     )

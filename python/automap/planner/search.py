@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import time
 import weakref
@@ -45,7 +46,14 @@ from automap.solve.blocks import detect_blocks
 from automap.solve.depth import instance_repeats, multiplicities, reduced_depth
 from automap.solve.ilp import EXACT_COLUMNS, ShardingIlp
 from automap.solve.memory import estimate_memory, optimizer_temp_factor, timeline
-from automap.solve.strategies import NodeOptions, StrategyTable, build_strategy_table, restrict
+from automap.solve.strategies import (
+    NodeOptions,
+    StrategyTable,
+    build_strategy_table,
+    parameters_whole,
+    restrict,
+    restricted,
+)
 from automap.trace.example_inputs import describe_inputs
 
 if TYPE_CHECKING:
@@ -66,6 +74,10 @@ CHECKPOINTING = ("auto", "off", "only")
 #: time model's own error is larger; 1e-6 took 23 s on GPT-2 small on 2x4
 #: where this takes 5 s with the same plan).
 MIP_REL_GAP = 5e-3
+
+#: Whether ``plan_traced`` also searches the plans with every parameter whole
+#: (a switch for the benches to measure what that search costs and gives).
+SEARCH_WHOLE_PARAMETERS = True
 
 log = logging.getLogger(__name__)
 
@@ -370,15 +382,6 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     repeats = instance_repeats(blocks, list(stacks)) if stacks else None
     line = timeline(table)
 
-    ilp_table = per_microbatch_table(table, microbatches)
-
-    def make_ilp() -> ShardingIlp:
-        return ShardingIlp(ilp_table, time_limit_s=time_limit_s, mip_rel_gap=MIP_REL_GAP,
-                           merge_followers=merge_followers,
-                           blocks=blocks, node_weight=node_weight, edge_weight=edge_weight,
-                           optimizer=optimizer, exact_columns=exact_columns,
-                           reduce_formulation=reduce_formulation)
-
     # Solutions are memoised per instance (which keeps them alive): each is reported once.
     reported: weakref.WeakKeyDictionary[ShardingIlp, set[int]] = weakref.WeakKeyDictionary()
 
@@ -396,44 +399,57 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
             return sol
         return solve
 
-    # One ILP for every budget the search asks: built once, budgets change bounds.
-    ilp = make_ilp()
-    lean: list = []
+    def searcher(options: StrategyTable):
+        """The model-based search over ``options`` and its ILP (built once: budgets
+        change bounds)."""
+        ilp_table = per_microbatch_table(options, microbatches)
 
-    def leanest():
-        """The memory-minimal intra-op plan, solved on an ILP of its own: plans of
-        equal least memory tie, and a solver warm from other budgets may break
-        the tie another way, giving another least budget after checkpointing."""
-        if not lean:
-            instance = make_ilp()
-            lean.append(_leanest(solver(instance), instance))
-        return lean[0]
+        def make_ilp() -> ShardingIlp:
+            return ShardingIlp(ilp_table, time_limit_s=time_limit_s, mip_rel_gap=MIP_REL_GAP,
+                               merge_followers=merge_followers,
+                               blocks=blocks, node_weight=node_weight, edge_weight=edge_weight,
+                               optimizer=optimizer, exact_columns=exact_columns,
+                               reduce_formulation=reduce_formulation)
 
-    def package(sol, checkpoint=None):
-        estimate = estimate_memory(table, sol.choice, line, optimizer, node_weight)
-        return _package(traced, profile, table, sol, mesh, memory_budget_bytes, node_weight,
-                        edge_weight, blocks, stacks, device, optimizer, trace_s, t1 - t0,
-                        checkpoint, estimate)
+        ilp = make_ilp()
+        lean: list = []
 
-    def search(budget, mode=checkpointing, fresh=False):
-        """The model-based search at ``budget``; ``fresh``: on an ILP of its own, a
-        function of the budget alone (where the least budget an error names is
-        found, so that a later call at that budget finds the same plan)."""
-        instance = make_ilp() if fresh else ilp
-        if budget is None or mode == "off":
-            return package(solver(instance)(budget))
-        return _two_stage(traced, profile, table, budget, solver(instance), instance,
-                          package, mode, ladder_alpha, ladder_steps, repeats, leanest)
+        def leanest():
+            """The memory-minimal intra-op plan, solved on an ILP of its own: plans of
+            equal least memory tie, and a solver warm from other budgets may break
+            the tie another way, giving another least budget after checkpointing."""
+            if not lean:
+                instance = make_ilp()
+                lean.append(_leanest(solver(instance), instance))
+            return lean[0]
 
+        def package(sol, checkpoint=None):
+            estimate = estimate_memory(options, sol.choice, line, optimizer, node_weight)
+            return _package(traced, profile, options, sol, mesh, memory_budget_bytes,
+                            node_weight, edge_weight, blocks, stacks, device, optimizer,
+                            trace_s, t1 - t0, checkpoint, estimate)
+
+        def search(budget, mode=checkpointing, fresh=False):
+            """The model-based search at ``budget``; ``fresh``: on an ILP of its own, a
+            function of the budget alone (where the least budget an error names is
+            found, so that a later call at that budget finds the same plan)."""
+            instance = make_ilp() if fresh else ilp
+            if budget is None or mode == "off":
+                return package(solver(instance)(budget))
+            return _two_stage(traced, profile, options, budget, solver(instance), instance,
+                              package, mode, ladder_alpha, ladder_steps, repeats, leanest)
+
+        return search, ilp
+
+    search, ilp = searcher(table)
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     verify = verify and not stacks  # a depth-reduced plan is not generated: no simulation
-    if not verify:
-        return search(memory_budget_bytes)
-
     steps: dict[tuple, object] = {}  # one simulation per distinct program
 
     def simulated(found):
         """``found`` with its peak and breakdown from the simulated step."""
+        if not verify:
+            return found
         key = _program_key(found)
         if key not in steps:
             with stage(log, "simulated the plan's training step") as simulating:
@@ -448,31 +464,86 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         found.memory_timeline = {"categories": list(CATEGORIES), "samples": step.timeline}
         return found
 
-    if memory_budget_bytes is None:
-        return simulated(search(None))
-    found = _verified_search(search, simulated, memory_budget_bytes)
-    if checkpointing == "auto" and ilp.could_fit(memory_budget_bytes):
+    def faster_than(found):
+        """``simulated`` for a plan predicted faster than ``found``; else
+        ``_NotFaster`` (simulating changes a plan's memory, not its time, and
+        later rounds of a verified search only tighten)."""
+        def simulated_if_faster(other):
+            if other.predicted_step_s >= found.predicted_step_s:
+                raise _NotFaster
+            return simulated(other)
+        return simulated_if_faster
+
+    def verified(search_at, check, budget):
+        """The plan ``search_at`` finds at ``budget`` (``check``: ``simulated`` or
+        ``faster_than``), verified against the simulated step where plans are."""
+        if budget is None or not verify:
+            return check(search_at(budget))
+        return _verified_search(search_at, check, budget)
+
+    failures: list[InfeasibleBudgetError] = []
+    try:
+        found = verified(search, simulated, memory_budget_bytes)
+    except InfeasibleBudgetError as err:
+        found = None
+        failures.append(err)
+    if found is not None and verify and memory_budget_bytes is not None and \
+            checkpointing == "auto" and ilp.could_fit(memory_budget_bytes):
         # The two-stage search is verified along another path than the ILP
         # alone: keep the faster of both, so auto is never slower than off.
         # (Where the LP relaxation proves that no plain plan fits the budget,
         # only the model's over-estimate could rescue one, the least-memory
         # plan: never faster than a checkpointed plan in our runs, and
         # finding it costs the least budget, a dive and a simulated step.)
-        # A plan no faster than the one found is not simulated: simulating
-        # changes its memory, not its time, and later rounds only tighten.
-        def simulated_if_faster(plain):
-            if plain.predicted_step_s >= found.predicted_step_s:
-                raise _NotFaster
-            return simulated(plain)
-
-        try:
-            plain = _verified_search(lambda b, fresh=False: search(b, "off", fresh),
-                                     simulated_if_faster, memory_budget_bytes)
-        except (InfeasibleBudgetError, _NotFaster):
-            return found
-        if plain.predicted_step_s < found.predicted_step_s:
-            return plain
+        with contextlib.suppress(InfeasibleBudgetError, _NotFaster):
+            found = verified(lambda b, fresh=False: search(b, "off", fresh),
+                             faster_than(found), memory_budget_bytes)
+    # The ILP prices every data-parallel gradient all-reduce on its own and
+    # unhidden, where the program buckets them beside the backward (one latency
+    # per bucket, overlapped): the timeline of a plan with every parameter
+    # whole may be faster than the ILP's optimum. Search that family too; where
+    # the first search found nothing, for a plan that fits and for the least
+    # budget the error names (a smaller one than the first's, where whole
+    # parameters make the leaner plan).
+    whole = restricted(table, parameters_whole) if SEARCH_WHOLE_PARAMETERS else None
+    searched, whole_s = found, None
+    if whole is not None and (found is None or _shards_parameters(found)) and not (
+            found is not None and memory_budget_bytes is not None
+            and _state_bytes(whole, node_weight) > memory_budget_bytes):
+        search_whole, ilp_whole = searcher(whole)
+        # "auto" without a second ladder (within a budget: one more ILP).
+        mode = "off" if checkpointing == "auto" else checkpointing
+        if found is None or memory_budget_bytes is None or \
+                ilp_whole.could_fit(memory_budget_bytes):
+            try:
+                found = verified(lambda b, fresh=False: search_whole(b, mode, fresh),
+                                 simulated if found is None else faster_than(found),
+                                 memory_budget_bytes)
+                whole_s = found.predicted_step_s
+            except InfeasibleBudgetError as err:
+                failures.append(err)
+            except _NotFaster:
+                pass
+    if found is None:
+        raise min(failures, key=lambda e: e.smallest_feasible_budget_bytes or math.inf)
+    # What the search compared, for explain() and the tests.
+    found.solver["compared_step_s"] = {
+        "searched": None if searched is None else searched.predicted_step_s,
+        "parameters whole": whole_s}
     return found
+
+
+def _state_bytes(table: StrategyTable, node_weight: dict[str, float]) -> float:
+    """The least bytes the parameters, buffers and optimizer state of any plan
+    of ``table`` hold per device (a lower bound of its peak)."""
+    return sum(node_weight.get(name, 1.0) * float(node.state_bytes.min())
+               for name, node in table.nodes.items() if len(node))
+
+
+def _shards_parameters(plan: Plan) -> bool:
+    """Whether some parameter of ``plan`` is stored sharded."""
+    return any(node.kind == "parameter" and not all(set(spec) <= {"R"} for spec in node.outputs)
+               for node in plan.nodes.values())
 
 
 def _program_key(plan: Plan) -> tuple:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -489,6 +489,30 @@ def _split_reduction_costs(split, ins, in_specs, mesh, shard_count) -> np.ndarra
             local = info.nbytes / info.shape[dim] / (shard_count(specs[index]) / along)
             cost = mesh.all_reduce_cost_s(local, axes)
             out[i, 1:] = forward * cost, backward * cost
+    return out
+
+
+def parameters_whole(table: StrategyTable, node: NodeOptions):
+    """Data parallelism's constraint on a node, a ``keep`` for ``restrict``: every
+    parameter whole on every device (other nodes keep all their strategies)."""
+    if node.kind != "parameter":
+        return np.ones(len(node), dtype=bool)
+    return np.array([all(set(spec) <= {"R"} for spec in outs) for outs in node.out_specs])
+
+
+def restricted(table: StrategyTable, keep) -> StrategyTable | None:
+    """A copy of ``table`` restricted as ``restrict`` does (``table`` untouched: the
+    nodes it restricts are copied), or None when ``keep`` removes nothing or
+    leaves some node no strategy (no plan of that family exists)."""
+    masks = {name: np.asarray(keep(table, node), dtype=bool)
+             for name, node in table.nodes.items()}
+    changed = {name for name, mask in masks.items() if not mask.all()}
+    if not changed or not all(masks[name].any() for name in changed):
+        return None
+    out = replace(table, nodes={
+        name: replace(node) if name in changed else node
+        for name, node in table.nodes.items()})
+    restrict(out, keep)
     return out
 
 

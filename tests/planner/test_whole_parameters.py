@@ -1,0 +1,83 @@
+"""The search's second family: plans with every parameter whole.
+
+The ILP prices each data-parallel gradient all-reduce on its own and unhidden,
+where the program buckets them beside the backward (one latency per bucket,
+overlapped). So the search also solves with every parameter whole, and the
+timeline (``predicted_step_s``) picks: the plan returned is never predicted
+slower than the best whole-parameter plan, with or without a budget."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from automap import DeviceMesh, DeviceProfile
+from automap.cli.demo import TinyGPT2
+from automap.planner.search import plan_traced
+from automap.solve.strategies import parameters_whole, restricted
+from automap.trace.profiling import profile_traced
+from automap.trace.tracing import trace
+
+# About this CPU's speeds under 4 ranks (stop 28's measurement).
+DEVICE = DeviceProfile(flops_per_s=2.1e10, memory_bandwidth_bytes_per_s=3.7e9,
+                       op_overhead_s=4.6e-5)
+VOCAB = 2048
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    model = TinyGPT2(vocab=VOCAB, seq=128, hidden=256, heads=4, layers=4)
+    ids = torch.randint(0, VOCAB, (8, 128), generator=torch.Generator().manual_seed(0))
+    traced = trace(model, (ids, ids), loss_fn=lambda loss: loss)
+    return traced, profile_traced(traced, "adamw")
+
+
+def _stored_whole(plan) -> bool:
+    return all(set(spec) <= {"R"} for node in plan.nodes.values()
+               if node.kind == "parameter" for spec in node.outputs)
+
+
+def test_restricted_copies_only_what_it_restricts(gpt):
+    from automap.solve.strategies import build_strategy_table
+
+    traced, profile = gpt
+    table = build_strategy_table(traced, profile, DeviceMesh((4,)), device=DEVICE)
+    sizes = {name: len(node) for name, node in table.nodes.items()}
+    whole = restricted(table, parameters_whole)
+    assert {name: len(node) for name, node in table.nodes.items()} == sizes  # untouched
+    for name, node in whole.nodes.items():
+        if node.kind == "parameter":
+            assert all(set(s) <= {"R"} for outs in node.out_specs for s in outs)
+            assert len(node) < sizes[name] or sizes[name] == 1
+        else:
+            assert node is table.nodes[name]
+    assert restricted(whole, parameters_whole) is None  # nothing left to remove
+
+
+def test_measured_links_gloo_plan_is_whole_where_the_timeline_says_so(gpt):
+    """Links as 4 gloo ranks on this CPU measure them: the ILP's optimum shards
+    parameters, which its linear model prefers by a per-gradient latency the
+    buckets do not pay; the timeline prices the whole-parameter plan faster."""
+    traced, profile = gpt
+    mesh = DeviceMesh((4,), alpha_s=1.5e-3, bandwidth_bytes_per_s=5e8, backend="gloo")
+    found = plan_traced(traced, profile, mesh, device=DEVICE)
+    compared = found.solver["compared_step_s"]
+    assert compared["parameters whole"] == found.predicted_step_s
+    assert compared["parameters whole"] < compared["searched"]
+    assert _stored_whole(found)
+
+
+@pytest.mark.parametrize("shape", [(4,), (2, 2)])
+@pytest.mark.parametrize("alpha_s,bandwidth", [(1.5e-3, 5e8), (1e-2, 5e8), (1e-4, 5e9)])
+def test_never_slower_than_the_best_whole_parameter_plan(gpt, shape, alpha_s, bandwidth):
+    traced, profile = gpt
+    mesh = DeviceMesh(shape, alpha_s=alpha_s, bandwidth_bytes_per_s=bandwidth, backend="gloo")
+    whole = plan_traced(traced, profile, mesh, device=DEVICE, strategy_filter=parameters_whole)
+    found = plan_traced(traced, profile, mesh, device=DEVICE)
+    assert found.predicted_step_s <= whole.predicted_step_s * (1 + 1e-9)
+    # Within a budget the whole-parameter plan meets (with the simulated step's
+    # headroom), the same holds, and the plan fits.
+    budget = whole.predicted_peak_memory_bytes * 1.01
+    within = plan_traced(traced, profile, mesh, budget, device=DEVICE, checkpointing="off")
+    assert within.predicted_step_s <= whole.predicted_step_s * (1 + 1e-9)
+    assert within.predicted_peak_memory_bytes <= budget
