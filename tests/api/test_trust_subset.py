@@ -48,3 +48,5 @@ def test_predicted_peaks_hold_on_every_rank():
     assert not failures, "\n".join(failures)
     # The budgets bind: the GPT-2 plans checkpoint, the least MLP one is leaner.
     assert all(r["blocks"] > 0 for r in rows if r["model"] == "gpt2")
+    mlp = {r["fraction"]: r["predicted"] for r in rows if r["model"] == "mlp"}
+    assert mlp["least"] < mlp[None]
