@@ -37,6 +37,7 @@ before the end event (``work.wait()``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -72,6 +73,14 @@ log = logging.getLogger(__name__)
 DEFAULT_CPU_SIZES_BYTES = (8, 4096, 256 * 1024, 1 << 20, 4 << 20)
 DEFAULT_GPU_SIZES_BYTES = (8, 65536, 4 << 20, 16 << 20, 64 << 20)
 CONTENTION_REPEATS = 3
+#: Compute ahead of each all-reduce when a mesh's latency is measured as training
+#: meets it (``measure_mesh(load_flops=)``, ``autoparallelize``'s measured links,
+#: ``detect_cluster``'s mesh axes): about the work between two collectives of a
+#: sharded step of a small model. A
+#: collective in a step waits for the slowest rank; where ranks share cores that
+#: wait (the skew of their schedules) dwarfs the idle latency: 4 gloo ranks on 2
+#: cores measured 1.1-4 ms idle and 8-11 ms after 1e9 FLOPs each (stop 28).
+TRAINING_LOAD_FLOPS = 5e8
 
 
 def round_robin(n: int) -> list[list[tuple[int, int]]]:
@@ -269,6 +278,7 @@ def detect_cluster(
     measure_profile: bool = True,
     rel_tol: float | None = None,
     quiet: bool = False,
+    load_flops: float | None = None,
 ) -> Cluster:
     """Measure the cluster of the initialised default process group.
 
@@ -284,7 +294,11 @@ def detect_cluster(
     ``rel_tol``: tier tolerance; None takes ``significant_rel_tol`` of the
     repeats (at least ``DEFAULT_REL_TOL``), so that noise does not split a
     tier. ``quiet``: no progress (rank 0 logs each phase on the ``automap``
-    logger, ``automap.progress``).
+    logger, ``automap.progress``). ``load_flops`` (default
+    ``TRAINING_LOAD_FLOPS``; 0: idle): each measured axis's latency is its
+    smallest all-reduce after that much compute on every rank, as training
+    meets it (``measure_mesh``); the pair tournament, which fits the tiers,
+    stays idle.
     Keep ``warmup >= 1`` on NCCL: the first exchange of a pair creates its
     communicator.
 
@@ -367,8 +381,12 @@ def detect_cluster(
     group_links, group_rows = [], []
     with stage(log, f"measured mesh axes by group all-reduce ({len(partitions)})",
                total=len(partitions), enabled=shown) as groups_stage:
+        load = TRAINING_LOAD_FLOPS if load_flops is None else float(load_flops)
         for partition in partitions:
             link, row = _measure_partition(bench, partition, sizes)
+            if load > 0:
+                link = _loaded(link, bench, load)
+                row["idle_alpha_s"], row["alpha_s"] = row["alpha_s"], link.alpha_s
             group_links.append(link)
             group_rows.append(row)
             groups_stage.advance()
@@ -461,15 +479,6 @@ def _axis_partitions(topology: Topology, count: int) -> list[list[list[int]]]:
     return list(found.values())
 
 
-#: Compute ahead of each all-reduce when a mesh's latency is measured as training
-#: meets it (``measure_mesh(load_flops=)``, ``autoparallelize``'s measured links):
-#: about the work between two collectives of a sharded step of a small model. A
-#: collective in a step waits for the slowest rank; where ranks share cores that
-#: wait (the skew of their schedules) dwarfs the idle latency: 4 gloo ranks on 2
-#: cores measured 1.1-4 ms idle and 8-11 ms after 1e9 FLOPs each (stop 28).
-TRAINING_LOAD_FLOPS = 5e8
-
-
 def measure_mesh(mesh: DeviceMesh, sizes_bytes: Sequence[int] = DEFAULT_CPU_SIZES_BYTES,
                  iters: int = 5, warmup: int = 1, load_flops: float = 0.0) -> DeviceMesh:
     """``mesh`` with every axis's latency and bus bandwidth measured now: an
@@ -492,19 +501,28 @@ def measure_mesh(mesh: DeviceMesh, sizes_bytes: Sequence[int] = DEFAULT_CPU_SIZE
             bandwidth.append(mesh.bandwidth_bytes_per_s[axis])
             continue
         link, _ = _measure_partition(bench, mesh.axis_groups(axis), sizes, np.median)
-        alpha_s = link.alpha_s
         if load_flops > 0:
-            smallest = _Bench((int(sizes.min()),), iters, warmup, device)
-            with _partition_group(mesh.axis_groups(axis)) as group:
-                mine = smallest.all_reduce(group, load_flops)[0]
-            size = len(mesh.axis_groups(axis)[0])
-            busy_s = _slowest_group_median(mesh.axis_groups(axis), mine)
-            volume = sizes.min() * 2.0 * (size - 1) / size
-            alpha_s = max(alpha_s, busy_s - volume / link.bandwidth_bytes_per_s)
-        alpha.append(alpha_s)
+            link = _loaded(link, bench, load_flops)
+        alpha.append(link.alpha_s)
         bandwidth.append(link.bandwidth_bytes_per_s)
     return DeviceMesh(mesh.shape, ranks=mesh.ranks, axis_names=mesh.axis_names, alpha_s=alpha,
                       bandwidth_bytes_per_s=bandwidth, backend=mesh.backend)
+
+
+def _loaded(link: GroupLink, bench: _Bench, load_flops: float) -> GroupLink:
+    """``link`` with the latency of its groups' smallest all-reduce (the median,
+    slowest group) when each call follows ``load_flops`` of compute on every rank:
+    the wait for the slowest rank that a training step's collectives meet (never
+    below the idle fit's latency). Collective over the default group."""
+    partition = [list(g) for g in link.groups]
+    smallest = min(bench.sizes_bytes)
+    busy = _Bench((smallest,), bench.iters, bench.warmup, bench.device)
+    with _partition_group(partition) as group:
+        mine = busy.all_reduce(group, load_flops)[0]
+    size = len(partition[0])
+    volume = smallest * 2.0 * (size - 1) / size
+    alpha_s = _slowest_group_median(partition, mine) - volume / link.bandwidth_bytes_per_s
+    return dataclasses.replace(link, alpha_s=max(link.alpha_s, alpha_s))
 
 
 @contextlib.contextmanager
