@@ -65,6 +65,7 @@ def test_measured_links_gloo_plan_is_whole_where_the_timeline_says_so(gpt):
     assert compared["parameters whole"] == found.predicted_step_s
     assert compared["parameters whole"] < compared["searched"]
     assert _stored_whole(found)
+    assert "fastest plan with every parameter whole" in found.explain()
 
 
 @pytest.mark.parametrize("shape", [(4,), (2, 2)])

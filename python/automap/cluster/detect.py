@@ -45,7 +45,7 @@ import math
 import platform
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -526,7 +526,7 @@ def _loaded(link: GroupLink, bench: _Bench, load_flops: float) -> GroupLink:
 
 
 @contextlib.contextmanager
-def _partition_group(partition: list[list[int]]):
+def _partition_group(partition: list[list[int]]) -> Iterator[Any]:
     """The process group of this rank's part of ``partition`` (one subgroup per
     part; None: the default group, when one part holds the world), destroyed after."""
     if len(partition[0]) == dist.get_world_size():

@@ -328,6 +328,13 @@ class Plan:
         alternatives, the layout conversions, and which constraint binds.
         ``max_rows``: the slowest nodes listed (None: all)."""
         lines = [self.summary(), ""]
+        compared = self.solver.get("compared_step_s") or {}
+        if compared.get("searched") is not None and compared.get("parameters whole") is not None:
+            lines[1:1] = [
+                f"chosen over the search's plan ({compared['searched'] * 1e3:.3f} ms): the "
+                f"fastest plan with every parameter whole "
+                f"({compared['parameters whole'] * 1e3:.3f} ms; the program all-reduces its "
+                f"gradients in buckets beside the backward)", ""]
         if self.pipeline is not None:
             lines.extend([*self._pipeline_lines(self.pipeline), ""])
         listed = [n for n in self.nodes.values() if n.kind not in ("output",)]
