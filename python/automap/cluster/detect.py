@@ -76,10 +76,10 @@ CONTENTION_REPEATS = 3
 #: Compute ahead of each all-reduce when a mesh's latency is measured as training
 #: meets it (``measure_mesh(load_flops=)``, ``autoparallelize``'s measured links,
 #: ``detect_cluster``'s mesh axes): about the work between two collectives of a
-#: sharded step of a small model. A
-#: collective in a step waits for the slowest rank; where ranks share cores that
-#: wait (the skew of their schedules) dwarfs the idle latency: 4 gloo ranks on 2
-#: cores measured 1.1-4 ms idle and 8-11 ms after 1e9 FLOPs each (stop 28).
+#: sharded step of a small model. A collective in a step waits for the slowest
+#: rank; where ranks share cores that wait (the skew of their schedules) dwarfs
+#: the idle latency: 4 gloo ranks on 2 cores measured 1.1-8 ms idle and 8-11 ms
+#: after 1e9 FLOPs each (stop 28).
 TRAINING_LOAD_FLOPS = 5e8
 
 
@@ -207,10 +207,12 @@ class _Bench:
             times.append(_times_s(exchange, self.iters, self.warmup, self.device))
         return None if peer is None else times
 
-    def all_reduce(self, group: Any, load_flops: float = 0.0) -> list[list[float]]:
-        """All-reduce times per size; with ``load_flops``, each call follows
-        that much matmul work on every rank, as a collective follows compute in
-        a training step (the call then also waits for the slowest rank)."""
+    def all_reduce(self, group: Any, load_flops: float = 0.0,
+                   sizes_bytes: Sequence[int] | None = None) -> list[list[float]]:
+        """All-reduce times per size (default: all sizes); with ``load_flops``,
+        each call follows that much matmul work on every rank, as a collective
+        follows compute in a training step (the call then also waits for the
+        slowest rank)."""
         n = 256
         a = torch.randn(n, n, device=self.device)
         matmuls = math.ceil(load_flops / (2 * n**3))
@@ -220,7 +222,7 @@ class _Bench:
                 a @ a
 
         times = []
-        for size in self.sizes_bytes:
+        for size in sizes_bytes or self.sizes_bytes:
             self._sync()
             buf = self.send[: size // 4]
             times.append(
@@ -278,7 +280,7 @@ def detect_cluster(
     measure_profile: bool = True,
     rel_tol: float | None = None,
     quiet: bool = False,
-    load_flops: float | None = None,
+    load_flops: float = TRAINING_LOAD_FLOPS,
 ) -> Cluster:
     """Measure the cluster of the initialised default process group.
 
@@ -294,8 +296,7 @@ def detect_cluster(
     ``rel_tol``: tier tolerance; None takes ``significant_rel_tol`` of the
     repeats (at least ``DEFAULT_REL_TOL``), so that noise does not split a
     tier. ``quiet``: no progress (rank 0 logs each phase on the ``automap``
-    logger, ``automap.progress``). ``load_flops`` (default
-    ``TRAINING_LOAD_FLOPS``; 0: idle): each measured axis's latency is its
+    logger, ``automap.progress``). ``load_flops`` (0: idle): each measured axis's latency is its
     smallest all-reduce after that much compute on every rank, as training
     meets it (``measure_mesh``); the pair tournament, which fits the tiers,
     stays idle.
@@ -381,11 +382,10 @@ def detect_cluster(
     group_links, group_rows = [], []
     with stage(log, f"measured mesh axes by group all-reduce ({len(partitions)})",
                total=len(partitions), enabled=shown) as groups_stage:
-        load = TRAINING_LOAD_FLOPS if load_flops is None else float(load_flops)
         for partition in partitions:
             link, row = _measure_partition(bench, partition, sizes)
-            if load > 0:
-                link = _loaded(link, bench, load)
+            if load_flops > 0:
+                link = _loaded(link, bench, load_flops)
                 row["idle_alpha_s"], row["alpha_s"] = row["alpha_s"], link.alpha_s
             group_links.append(link)
             group_rows.append(row)
@@ -516,9 +516,8 @@ def _loaded(link: GroupLink, bench: _Bench, load_flops: float) -> GroupLink:
     below the idle fit's latency). Collective over the default group."""
     partition = [list(g) for g in link.groups]
     smallest = min(bench.sizes_bytes)
-    busy = _Bench((smallest,), bench.iters, bench.warmup, bench.device)
     with _partition_group(partition) as group:
-        mine = busy.all_reduce(group, load_flops)[0]
+        mine = bench.all_reduce(group, load_flops, (smallest,))[0]
     size = len(partition[0])
     volume = smallest * 2.0 * (size - 1) / size
     alpha_s = _slowest_group_median(partition, mine) - volume / link.bandwidth_bytes_per_s

@@ -42,6 +42,7 @@ from automap.planner.step_time import shared_gradient_savings, step_time
 from automap.progress import stage, verbose_switch
 from automap.sharding.layout import layout_path
 from automap.sharding.mesh import DeviceMesh
+from automap.sharding.spec import ShardingSpec
 from automap.solve.blocks import detect_blocks
 from automap.solve.depth import instance_repeats, multiplicities, reduced_depth
 from automap.solve.ilp import EXACT_COLUMNS, ShardingIlp
@@ -542,7 +543,8 @@ def _state_bytes(table: StrategyTable, node_weight: dict[str, float]) -> float:
 
 def _shards_parameters(plan: Plan) -> bool:
     """Whether some parameter of ``plan`` is stored sharded."""
-    return any(node.kind == "parameter" and not all(set(spec) <= {"R"} for spec in node.outputs)
+    return any(node.kind == "parameter"
+               and not all(ShardingSpec.parse(spec).is_replicated for spec in node.outputs)
                for node in plan.nodes.values())
 
 

@@ -497,7 +497,8 @@ def parameters_whole(table: StrategyTable, node: NodeOptions):
     parameter whole on every device (other nodes keep all their strategies)."""
     if node.kind != "parameter":
         return np.ones(len(node), dtype=bool)
-    return np.array([all(set(spec) <= {"R"} for spec in outs) for outs in node.out_specs])
+    return np.array([all(ShardingSpec.parse(spec).is_replicated for spec in outs)
+                     for outs in node.out_specs])
 
 
 def restricted(table: StrategyTable, keep) -> StrategyTable | None:
@@ -506,13 +507,13 @@ def restricted(table: StrategyTable, keep) -> StrategyTable | None:
     leaves some node no strategy (no plan of that family exists)."""
     masks = {name: np.asarray(keep(table, node), dtype=bool)
              for name, node in table.nodes.items()}
-    changed = {name for name, mask in masks.items() if not mask.all()}
-    if not changed or not all(masks[name].any() for name in changed):
+    changed = {name: mask for name, mask in masks.items() if not mask.all()}
+    if not changed or not all(mask.any() for mask in changed.values()):
         return None
-    out = replace(table, nodes={
-        name: replace(node) if name in changed else node
-        for name, node in table.nodes.items()})
-    restrict(out, keep)
+    out = replace(table, nodes=dict(table.nodes))
+    for name, mask in changed.items():
+        out.nodes[name] = replace(table.nodes[name])
+        _keep_only(out.nodes[name], mask)
     return out
 
 
@@ -524,16 +525,21 @@ def restrict(table: StrategyTable, keep) -> None:
         if not mask.any():
             raise AutomapError(f"no strategy of node {node.name} ({node.op}) satisfies the "
                                f"strategy filter")
-        if mask.all():
-            continue
-        idx = np.flatnonzero(mask)
-        node.in_specs = [node.in_specs[i] for i in idx]
-        node.out_specs = [node.out_specs[i] for i in idx]
-        if node.reductions is not None:
-            node.reductions = [node.reductions[i] for i in idx]
-        if node.saved_input_bytes is not None:
-            node.saved_input_bytes = node.saved_input_bytes[idx]
-        if node.optimizer_s is not None:
-            node.optimizer_s = node.optimizer_s[idx]
-        for attr in PER_STRATEGY:
-            setattr(node, attr, getattr(node, attr)[idx])
+        if not mask.all():
+            _keep_only(node, mask)
+
+
+def _keep_only(node: NodeOptions, mask: np.ndarray) -> None:
+    """Drop ``node``'s strategies where ``mask`` is False (its per-strategy
+    lists and arrays replaced, not edited: a shallow copy keeps the original's)."""
+    idx = np.flatnonzero(mask)
+    node.in_specs = [node.in_specs[i] for i in idx]
+    node.out_specs = [node.out_specs[i] for i in idx]
+    if node.reductions is not None:
+        node.reductions = [node.reductions[i] for i in idx]
+    if node.saved_input_bytes is not None:
+        node.saved_input_bytes = node.saved_input_bytes[idx]
+    if node.optimizer_s is not None:
+        node.optimizer_s = node.optimizer_s[idx]
+    for attr in PER_STRATEGY:
+        setattr(node, attr, getattr(node, attr)[idx])
