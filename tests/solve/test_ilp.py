@@ -253,3 +253,74 @@ def test_quick_lp_probes_stop_on_iterations_not_on_the_clock(seed, monkeypatch):
     assert decided[0] == decided[1] == uncut
     assert sequences[0] == sequences[1]
 
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_stalled_dive_step_is_cut_short_and_undone(seed, monkeypatch):
+    """Every LP solve of a dive runs under its own time cap (at least
+    ``DIVE_STEP_MIN_S``, at most ``DIVE_STEP_FACTOR`` times the dive's slowest
+    solve so far, never over the time limit); one that reaches it is a fix that
+    failed: undone, and the dive goes on to a plan that fits."""
+    from automap.solve import ilp as ilp_module
+
+    rng = random.Random(3000 + seed)
+    table = _random_table(rng, DeviceMesh((2, 2), alpha_s=[1e-6, 1e-5]))
+    peaks = [estimate_memory(table, dict(zip(table.nodes, combo)), timeline(table)).peak_bytes
+             for combo in itertools.product(*(range(len(n)) for n in table.nodes.values()))]
+    ilp = ShardingIlp(table, merge_followers=False, exact_columns=0, time_limit_s=60.0)
+    fastest = ilp.solve(None)
+    caps, stalled = [], []
+    original = ShardingIlp._run
+
+    def run(self, h, iterations=None, seconds=None):
+        if seconds is not None:
+            caps.append(seconds)
+            if not stalled:  # the dive's first solve stalls: its cap is reached at once
+                stalled.append(True)
+                return original(self, h, iterations, seconds=0.0)
+        return original(self, h, iterations, seconds)
+
+    monkeypatch.setattr(ShardingIlp, "_run", run)
+    budget = (min(peaks) + fastest.peak_memory_bytes) / 2
+    try:
+        sol = ilp.solve(budget)
+    except InfeasibleBudgetError:
+        return  # no plan between the LP bound and the plans known: nothing to dive to
+    assert sol.peak_memory_bytes <= budget * (1 + 1e-6)
+    assert all(ilp_module.DIVE_STEP_MIN_S <= cap <= max(
+        ilp_module.DIVE_STEP_MIN_S, ilp_module.DIVE_STEP_FACTOR * 60.0) for cap in caps)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_memory_rows_are_quantized_upper_bounds_whatever_the_first_budget(seed):
+    """Memory-row coefficients are multiples of ``MEMORY_QUANTUM`` x the
+    state's least bytes (HiGHS's dual simplex stalled on 1e-9 ones), the
+    same bytes whatever budget built the rows, so the least budget does not
+    depend on the first budget asked; and a budget the rows accept is one the
+    memory model accepts: rounding only ever over-estimates."""
+    from automap.solve import ilp as ilp_module
+
+    rng = random.Random(4000 + seed)
+    table = _random_table(rng, DeviceMesh((2, 2), alpha_s=[1e-6, 1e-5]))
+    peaks = [estimate_memory(table, dict(zip(table.nodes, combo)), timeline(table)).peak_bytes
+             for combo in itertools.product(*(range(len(n)) for n in table.nodes.values()))]
+    leasts = set()
+    for first in (max(peaks), 10 * max(peaks), 1.0):
+        ilp = ShardingIlp(table, merge_followers=False)
+        with pytest.raises(InfeasibleBudgetError) as err:
+            ilp.solve(first) if first == 1.0 else (ilp.solve(first), ilp.solve(1.0))
+        leasts.add(err.value.smallest_feasible_budget_bytes)
+        model = ilp._budgeted
+        quantum = ilp_module.MEMORY_QUANTUM * max(1.0, ilp_module._state_floor(
+            table, ilp.index, ilp.node_weight)) / model.mem_unit
+        rows = set(model.limit_rows.tolist())
+        values = np.abs(np.asarray(model.lp.a_matrix_.value_))
+        assert values[values > 0].min() >= min(1.0, quantum) * (1 - 1e-9)
+        assert rows
+    assert len(leasts) == 1
+    for budget in sorted(peaks)[::3]:
+        try:
+            sol = ShardingIlp(table, merge_followers=False).solve(budget)
+        except InfeasibleBudgetError:
+            continue
+        assert sol.peak_memory_bytes <= budget * (1 + 1e-9)

@@ -213,6 +213,15 @@ EXACT_COLUMNS = 20_000
 #: root, and gives up after this many fixes that made the LP infeasible
 #: (near the least budget each such proof costs a slow LP solve).
 _DIVE_STEPS, _DIVE_TRIES, _DIVE_FAILURES = 400, 2, 4
+#: One LP solve of a dive may take this many times the dive's slowest solve
+#: so far, and at least ``DIVE_STEP_MIN_S``, before it counts as a fix that
+#: failed: warm from some dives' bases HiGHS's dual simplex slows a hundredfold
+#: per iteration (GPT-2 small on (2,2,2) at 0.7x: one re-solve ran 2,766
+#: iterations into the 60 s time limit, where the dive's other 13 took
+#: 0.1-3 s for up to 7 k iterations; undone, the next strategy solved in 3 s
+#: and the dive found the same plan). Relative to the dive's own solves, so a
+#: loaded machine, on which every solve slows, keeps the same path.
+DIVE_STEP_FACTOR, DIVE_STEP_MIN_S = 10.0, 5.0
 #: The least-budget MIP's tie-break among plans of least peak: compute time,
 #: all of it priced at this share of the least budget's LP bound.
 LEAST_TIE_WEIGHT = 1e-5
@@ -448,11 +457,14 @@ class ShardingIlp:
             self._lp_feasible_bytes = min(self._lp_feasible_bytes, budget)
         return np.asarray(h.getSolution().col_value), float(h.getInfo().objective_function_value)
 
-    def _run(self, h: highspy.Highs, iterations: int | None = None):
-        """Run ``h`` for at most ``time_limit_s`` more seconds (HiGHS's limit
-        counts the instance's whole run time) and, when given, ``iterations``
-        simplex iterations (counted per run), and return its status."""
-        h.setOptionValue("time_limit", h.getRunTime() + self.time_limit_s)
+    def _run(self, h: highspy.Highs, iterations: int | None = None,
+             seconds: float | None = None):
+        """Run ``h`` for at most ``time_limit_s`` more seconds (``seconds`` where
+        that is less; HiGHS's limit counts the instance's whole run time) and,
+        when given, ``iterations`` simplex iterations (counted per run), and
+        return its status."""
+        limit_s = self.time_limit_s if seconds is None else min(seconds, self.time_limit_s)
+        h.setOptionValue("time_limit", h.getRunTime() + limit_s)
         h.setOptionValue("simplex_iteration_limit",
                          _NO_ITERATION_LIMIT if iterations is None else int(iterations))
         h.run()
@@ -555,7 +567,7 @@ class ShardingIlp:
         makes the LP infeasible is undone and the root's next strategy tried.
         The relaxation's bounds are restored afterwards. None: no plan."""
         fixed: list[np.ndarray] = []
-        found, failures = None, 0
+        found, failures, slowest_s = None, 0, 0.0
         for _ in range(_DIVE_STEPS):
             candidates = []
             for r, c in model.cols.items():
@@ -573,8 +585,10 @@ class ShardingIlp:
                 lower = np.zeros(len(c))
                 lower[j] = 1.0
                 h.changeColsBounds(len(c), c.astype(np.int32), lower, np.ones(len(c)))
-                self._run(h)
+                start = time.perf_counter()
+                self._run(h, seconds=max(DIVE_STEP_MIN_S, DIVE_STEP_FACTOR * slowest_s))
                 if h.getModelStatus() == highspy.HighsModelStatus.kOptimal:
+                    slowest_s = max(slowest_s, time.perf_counter() - start)
                     fixed.append(c)
                     x = np.asarray(h.getSolution().col_value)
                     break
@@ -816,6 +830,30 @@ class ShardingIlp:
                       np.array(memory.limit_rows if memory is not None else [], dtype=np.int64))
 
 
+#: Memory coefficients are rounded up to multiples of this share of the least
+#: bytes the state and inputs hold (a property of the table, not of the
+#: budget, so the least budget does not move with the first budget asked):
+#: scalars' and small tensors' bytes put coefficients of 1e-9 budget units
+#: into the rows, and HiGHS's dual simplex, warm from a dive's basis, then
+#: took bad basis changes for 2,766 iterations and 103 s (GPT-2 small on
+#: (2,2,2) at 0.7x; its time limit is checked too rarely to stop it).
+#: Rounding up keeps the rows an upper bound of the memory model.
+MEMORY_QUANTUM = 1e-6
+
+
+def _units(coef: np.ndarray, unit: float, quantum_bytes: float) -> np.ndarray:
+    """``coef`` bytes in budget units of ``unit`` bytes, rounded up to a
+    multiple of ``quantum_bytes`` (a negative coefficient, memory freed,
+    towards zero)."""
+    return np.ceil(np.asarray(coef, dtype=np.float64) / quantum_bytes) * quantum_bytes / unit
+
+
+def _state_floor(table: StrategyTable, index, nw) -> float:
+    """The least bytes the state and inputs of any plan hold per device."""
+    return sum(float(np.min((node.state_bytes + node.input_bytes)[index[v]]))
+               * nw.get(v, 1.0) for v, node in table.nodes.items() if len(index[v]))
+
+
 def _memory_unit(table: StrategyTable, index, nw, budget: float | None) -> float:
     """The bytes one unit of the memory rows stands for: the first budget, so
     that the rows are O(1), but never less than the least bytes the state and
@@ -824,9 +862,7 @@ def _memory_unit(table: StrategyTable, index, nw, budget: float | None) -> float
     put coefficients of 1e11 into the rows: HiGHS then called the least-budget
     LP unknown and its MIP infeasible, and no least budget was found (GPT-3
     76B on 2x8)."""
-    floor = sum(float(np.min((node.state_bytes + node.input_bytes)[index[v]]))
-                * nw.get(v, 1.0) for v, node in table.nodes.items() if len(index[v]))
-    return max(float(budget or 0.0), floor, 1.0)
+    return max(float(budget or 0.0), _state_floor(table, index, nw), 1.0)
 
 
 def _shared_gradient_terms(b: _Builder, table: StrategyTable, root, index, cols, nw) -> None:
@@ -910,30 +946,34 @@ class _MemoryRows:
         consts = {k: np.zeros(n) for k in kinds}
         base, grads, opt = [], [], []
         base_const = grad_const = opt_const = 0.0
+        quantum_bytes = MEMORY_QUANTUM * max(1.0, _state_floor(self.table, index, nw))
+
+        def units(coef) -> np.ndarray:
+            return _units(coef, unit, quantum_bytes)
 
         def add(kind, i, r, coef):
             if r in cols:
-                terms[kind][i].append(self._shared(b, cols[r], coef / unit))
+                terms[kind][i].append(self._shared(b, cols[r], units(coef)))
             else:
-                consts[kind][i] += float(coef[0]) / unit
+                consts[kind][i] += float(units(coef[:1])[0])
 
         for v, node in nodes.items():
             r, idx, w = root[v], index[v], nw.get(v, 1.0)
             held = (node.state_bytes + node.input_bytes)[idx] * w
             if held.any():
                 if r in cols:
-                    base.append((cols[r], held / unit))
+                    base.append((cols[r], units(held)))
                 else:
-                    base_const += float(held[0]) / unit
+                    base_const += float(units(held[:1])[0])
             if node.kind == "parameter" and node.grad_bytes.any():
                 g = node.grad_bytes[idx]
                 add("later", line.grad_position[v], r, g * w)
                 if r in cols:
-                    grads.append((cols[r], g * w / unit))
-                    opt.append((cols[r], self.opt_factor * g / unit))
+                    grads.append((cols[r], units(g * w)))
+                    opt.append((cols[r], units(self.opt_factor * g)))
                 else:
-                    grad_const += float(g[0]) * w / unit
-                    opt_const = max(opt_const, self.opt_factor * float(g[0]) / unit)
+                    grad_const += float(units(g[:1] * w)[0])
+                    opt_const = max(opt_const, float(units(self.opt_factor * g[:1])[0]))
             i = line.position.get(v)
             if i is None:
                 continue
@@ -960,9 +1000,9 @@ class _MemoryRows:
                 if ru == rv:
                     add(kind, i, ru, m[a_idx, b_idx])
                 elif key is not None:
-                    terms[kind][i].append(self._shared(b, edge_cols[key], m.ravel() / unit))
+                    terms[kind][i].append(self._shared(b, edge_cols[key], units(m.ravel())))
                 elif m.shape == (1, 1):
-                    consts[kind][i] += float(m[0, 0]) / unit
+                    consts[kind][i] += float(units(m.ravel())[0])
                 elif m.shape[0] == 1:
                     add(kind, i, rv, m[0, b_idx])
                 elif m.shape[1] == 1:
