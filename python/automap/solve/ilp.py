@@ -215,12 +215,13 @@ EXACT_COLUMNS = 20_000
 _DIVE_STEPS, _DIVE_TRIES, _DIVE_FAILURES = 400, 2, 4
 #: One LP solve of a dive may take this many times the dive's slowest solve
 #: so far, and at least ``DIVE_STEP_MIN_S``, before it counts as a fix that
-#: failed: warm from some dives' bases HiGHS's dual simplex slows a hundredfold
-#: per iteration (GPT-2 small on (2,2,2) at 0.7x: one re-solve ran 2,766
-#: iterations into the 60 s time limit, where the dive's other 13 took
-#: 0.1-3 s for up to 7 k iterations; undone, the next strategy solved in 3 s
-#: and the dive found the same plan). Relative to the dive's own solves, so a
-#: loaded machine, on which every solve slows, keeps the same path.
+#: failed (undone): warm from some dives' bases HiGHS's dual simplex slows a
+#: hundredfold per iteration (GPT-2 small on (2,2,2) at 0.7x: re-solves
+#: reached this cap after 5-15 s, where the dive's others took 0.1-3 s; HiGHS
+#: checks its clock between phases, so a cap is overrun by seconds, and the
+#: worst stall, 103 s, went past even the 60 s limit: ``MEMORY_QUANTUM`` is
+#: what removed that one). Relative to the dive's own solves, so a loaded
+#: machine, on which every solve slows, keeps the same path.
 DIVE_STEP_FACTOR, DIVE_STEP_MIN_S = 10.0, 5.0
 #: The least-budget MIP's tie-break among plans of least peak: compute time,
 #: all of it priced at this share of the least budget's LP bound.
@@ -818,9 +819,11 @@ class ShardingIlp:
                 b.entries(rows, cols[root[node.tied_to]], -1.0)
 
         budget_col = None
-        mem_unit = _memory_unit(table, index, nw, memory_budget_bytes)
+        floor = _state_floor(table, index, nw)
+        mem_unit = _memory_unit(floor, memory_budget_bytes)
         if memory is not None:
-            budget_col = memory.build(b, members, root, index, cols, edge_cols, nw, mem_unit)
+            budget_col = memory.build(b, members, root, index, cols, edge_cols, nw, mem_unit,
+                                      MEMORY_QUANTUM * max(1.0, floor))
         lp = b.lp()
         # Costs in microseconds: HiGHS's tolerances are absolute, step times small.
         lp.col_cost_ = np.asarray(lp.col_cost_) * _US
@@ -854,15 +857,15 @@ def _state_floor(table: StrategyTable, index, nw) -> float:
                * nw.get(v, 1.0) for v, node in table.nodes.items() if len(index[v]))
 
 
-def _memory_unit(table: StrategyTable, index, nw, budget: float | None) -> float:
+def _memory_unit(floor_bytes: float, budget: float | None) -> float:
     """The bytes one unit of the memory rows stands for: the first budget, so
     that the rows are O(1), but never less than the least bytes the state and
     inputs hold (a lower bound on every feasible budget). A first solve at a
     tiny budget (``_leanest`` asks for 1 byte to learn the least) otherwise
     put coefficients of 1e11 into the rows: HiGHS then called the least-budget
     LP unknown and its MIP infeasible, and no least budget was found (GPT-3
-    76B on 2x8)."""
-    return max(float(budget or 0.0), _state_floor(table, index, nw), 1.0)
+    76B on 2x8). ``floor_bytes``: ``_state_floor``."""
+    return max(float(budget or 0.0), floor_bytes, 1.0)
 
 
 def _shared_gradient_terms(b: _Builder, table: StrategyTable, root, index, cols, nw) -> None:
@@ -938,7 +941,8 @@ class _MemoryRows:
         self._terms: dict[tuple, int] = {}  # distinct term -> its variable
         self.limit_rows: list[int] = []  # the rows bounded by the budget
 
-    def build(self, b: _Builder, members, root, index, cols, edge_cols, nw, unit) -> int:
+    def build(self, b: _Builder, members, root, index, cols, edge_cols, nw, unit,
+              quantum_bytes) -> int:
         nodes, line = self.table.nodes, self.line
         n = len(line)
         kinds = ("saved", "later", "waiting", "fwd", "bwd")
@@ -946,7 +950,6 @@ class _MemoryRows:
         consts = {k: np.zeros(n) for k in kinds}
         base, grads, opt = [], [], []
         base_const = grad_const = opt_const = 0.0
-        quantum_bytes = MEMORY_QUANTUM * max(1.0, _state_floor(self.table, index, nw))
 
         def units(coef) -> np.ndarray:
             return _units(coef, unit, quantum_bytes)
@@ -955,7 +958,7 @@ class _MemoryRows:
             if r in cols:
                 terms[kind][i].append(self._shared(b, cols[r], units(coef)))
             else:
-                consts[kind][i] += float(units(coef[:1])[0])
+                consts[kind][i] += float(units(coef[0]))
 
         for v, node in nodes.items():
             r, idx, w = root[v], index[v], nw.get(v, 1.0)
@@ -964,7 +967,7 @@ class _MemoryRows:
                 if r in cols:
                     base.append((cols[r], units(held)))
                 else:
-                    base_const += float(units(held[:1])[0])
+                    base_const += float(units(held[0]))
             if node.kind == "parameter" and node.grad_bytes.any():
                 g = node.grad_bytes[idx]
                 add("later", line.grad_position[v], r, g * w)
@@ -972,8 +975,8 @@ class _MemoryRows:
                     grads.append((cols[r], units(g * w)))
                     opt.append((cols[r], units(self.opt_factor * g)))
                 else:
-                    grad_const += float(units(g[:1] * w)[0])
-                    opt_const = max(opt_const, float(units(self.opt_factor * g[:1])[0]))
+                    grad_const += float(units(g[0] * w))
+                    opt_const = max(opt_const, float(units(self.opt_factor * g[0])))
             i = line.position.get(v)
             if i is None:
                 continue
@@ -1002,7 +1005,7 @@ class _MemoryRows:
                 elif key is not None:
                     terms[kind][i].append(self._shared(b, edge_cols[key], units(m.ravel())))
                 elif m.shape == (1, 1):
-                    consts[kind][i] += float(units(m.ravel())[0])
+                    consts[kind][i] += float(units(m[0, 0]))
                 elif m.shape[0] == 1:
                     add(kind, i, rv, m[0, b_idx])
                 elif m.shape[1] == 1:
