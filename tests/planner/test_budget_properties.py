@@ -117,3 +117,40 @@ def test_chain_and_ilp_price_one_plan_alike(name):
         print(f"{name} budget {budget}: ILP model {ilp.peak_bytes / 2**20:.3f} MiB at {ilp.at}, "
               f"chain {chained / 2**20:.3f} MiB")
         assert abs(chained - ilp.peak_bytes) <= 0.05 * ilp.peak_bytes
+
+
+@pytest.mark.timeout(300)
+def test_a_rung_the_solver_cannot_decide_is_skipped_not_fatal(monkeypatch, caplog):
+    """A ladder rung whose ILP runs out of time (GPT-2 small on (2,2,2) at a
+    0.7x budget once did: no plan in 60 s) is skipped; the other rungs (the
+    fastest plan checkpointed among them) plan.
+    Where no rung plans and one timed out, the error is the time limit's, not
+    an infeasible budget's: nothing proved that nothing fits."""
+    from automap.errors import SolverTimeLimitError
+    from automap.solve.ilp import ShardingIlp
+
+    roomy = _plan("gpt2", None, "auto")
+    budget = 0.6 * roomy.predicted_peak_memory_bytes
+    original, rungs = ShardingIlp.solve, []
+
+    def first_rung_times_out(self, budget_bytes=None, find_least=True):
+        if budget_bytes is not None and not find_least:
+            rungs.append(budget_bytes)
+            if len(rungs) == 1:
+                raise SolverTimeLimitError("HiGHS found no feasible plan within 60 s")
+        return original(self, budget_bytes, find_least=find_least)
+
+    monkeypatch.setattr(ShardingIlp, "solve", first_rung_times_out)
+    with caplog.at_level("WARNING", logger="automap"):
+        found = _plan("gpt2", budget, "auto")
+    assert rungs and found.predicted_peak_memory_bytes <= budget
+    assert any("skipped" in r.getMessage() for r in caplog.records)
+
+    def every_budget_times_out(self, budget_bytes=None, find_least=True):
+        if budget_bytes is not None:
+            raise SolverTimeLimitError("HiGHS found no feasible plan within 60 s")
+        return original(self, budget_bytes, find_least=find_least)
+
+    monkeypatch.setattr(ShardingIlp, "solve", every_budget_times_out)
+    with pytest.raises(SolverTimeLimitError):
+        _plan("gpt2", budget, "auto")

@@ -322,3 +322,48 @@ def test_memory_rows_are_quantized_upper_bounds_whatever_the_first_budget(seed):
         except InfeasibleBudgetError:
             continue
         assert sol.peak_memory_bytes <= budget * (1 + 1e-9)
+
+
+class _StubHighs:
+    """A HiGHS instance that answers ``statuses`` run by run (for ``_run``)."""
+
+    def __init__(self, statuses, seconds_per_run=0.1):
+        self.statuses, self.runs, self.cleared, self.clock = list(statuses), 0, [], 0.0
+        self.seconds_per_run, self.options = seconds_per_run, {}
+
+    def getRunTime(self):
+        return self.clock
+
+    def setOptionValue(self, name, value):
+        self.options[name] = value
+
+    def run(self):
+        self.runs += 1
+        self.clock += self.seconds_per_run
+
+    def clearSolver(self):
+        self.cleared.append(self.runs)
+
+    def getModelStatus(self):
+        return self.statuses[min(self.runs, len(self.statuses)) - 1]
+
+
+def test_an_undecided_lp_run_is_run_again_warm_then_from_scratch():
+    """HiGHS's "Unknown" and "Not Set" (numerical trouble, a run that ended on
+    an error) are no answers: the run goes on from where it stopped, then from
+    scratch, within the same limits; limits and answers are returned as they are."""
+    import highspy
+
+    status = highspy.HighsModelStatus
+    ilp = ShardingIlp(_random_table(random.Random(0), DeviceMesh((4,))), time_limit_s=60.0)
+    warm = _StubHighs([status.kUnknown, status.kInfeasible])
+    assert ilp._run(warm) == status.kInfeasible
+    assert (warm.runs, warm.cleared) == (2, [])
+    fresh = _StubHighs([status.kNotset, status.kUnknown, status.kOptimal])
+    assert ilp._run(fresh) == status.kOptimal
+    assert (fresh.runs, fresh.cleared) == (3, [2])
+    for stop in (status.kTimeLimit, status.kIterationLimit, status.kOptimal):
+        once = _StubHighs([stop, status.kOptimal])
+        assert ilp._run(once, iterations=10) == stop and once.runs == 1
+    spent = _StubHighs([status.kUnknown, status.kOptimal], seconds_per_run=2.0)
+    assert ilp._run(spent, seconds=1.0) == status.kUnknown and spent.runs == 1
