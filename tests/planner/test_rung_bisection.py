@@ -93,4 +93,8 @@ def test_bisected_ladder_skips_only_infeasible_rungs(fraction, monkeypatch):
             fresh = ShardingIlp(table, mip_rel_gap=MIP_REL_GAP, blocks=blocks, exact_columns=0,
                                 node_weight=node_weight, edge_weight=edge_weight)
             assert fresh.could_fit(rung) == (k >= low), (rung, rungs, low)
-    assert bisected.predicted_step_s <= climbed.predicted_step_s * (1 + 1e-9)
+    # Within the ILP's own tolerance: each rung's relaxation is solved cold (a
+    # function of its budget), but a rung's dive also keeps the plans of the
+    # rungs solved before it as candidates, and the climb solves more of them
+    # (stop 30, 0.6: 6.064 against 6.054 ms).
+    assert bisected.predicted_step_s <= climbed.predicted_step_s * (1 + MIP_REL_GAP)
