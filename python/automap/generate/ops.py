@@ -144,7 +144,7 @@ def sharded_random_like(op, x: torch.Tensor, global_shape: list[int],
                         bounds: tuple[tuple[int, int], ...], *args, **kwargs) -> torch.Tensor:
     """rand_like/randn_like/bernoulli(p) of this shard: drawn whole, block kept."""
     whole = op(torch.empty(global_shape, dtype=x.dtype, device=x.device), *args, **kwargs)
-    return _own_block(whole, bounds).contiguous()
+    return _own_block(whole, bounds)
 
 
 def with_shard_rng(shard: int, op, *args, **kwargs):

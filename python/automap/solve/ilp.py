@@ -582,6 +582,7 @@ class ShardingIlp:
         if model.integral(x):
             return x, "Optimal", bound
         found = self._dive(model, model.relaxed, x)
+        model.relaxed_at = None  # the dive re-solved it under fixed bounds
         if found is not None:
             self._fitting.append((self._peak(model, found), found))
         if self._exact(model):
@@ -641,7 +642,6 @@ class ShardingIlp:
         for c in fixed:
             h.changeColsBounds(len(c), c.astype(np.int32), np.zeros(len(c)), np.ones(len(c)))
         h.clearSolver()  # a dive's last basis made the next solve 30x slower
-        model.relaxed_at = None
         return found
 
     def _lagrangian_solution(self, model: _Model, cost: np.ndarray):
