@@ -367,3 +367,35 @@ def test_an_undecided_lp_run_is_run_again_warm_then_from_scratch():
         assert ilp._run(once, iterations=10) == stop and once.runs == 1
     spent = _StubHighs([status.kUnknown, status.kOptimal], seconds_per_run=2.0)
     assert ilp._run(spent, seconds=1.0) == status.kUnknown and spent.runs == 1
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_objective_ceiling_is_above_every_feasible_point_and_changes_no_decision(
+        seed, monkeypatch):
+    """Issue 15: budgeted relaxations stop where the dual simplex's objective
+    passes ``objective_ceiling`` ("Bound on objective reached"), taken as proof
+    that nothing fits. Sound: the costliest point of the relaxation, at a
+    budget every plan fits, costs less than the ceiling; and every fit or
+    no-fit decision is the one made without a ceiling."""
+    import highspy
+
+    from automap.solve import ilp as ilp_module
+
+    table, budgets, with_ceiling = _fresh_decisions(
+        5000 + seed, (0.05, 0.2, 0.4, 0.6, 0.8, 0.95, 1.2))
+    ilp = ShardingIlp(table, merge_followers=False, exact_columns=0)
+    ilp.could_fit(budgets[-1])
+    model = ilp._budgeted
+    ceiling = model.objective_ceiling()
+    assert np.isfinite(ceiling)
+    h = ilp_module._load(model.lp, 60.0, 1e-6, relax=True)
+    h.changeColBounds(model.budget_col, 0.0, highspy.kHighsInf)
+    h.changeObjectiveSense(highspy.ObjSense.kMaximize)
+    h.run()
+    assert h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    assert h.getInfo().objective_function_value < ceiling / 2
+
+    monkeypatch.setattr(ilp_module._Model, "objective_ceiling", lambda self: highspy.kHighsInf)
+    without = [ShardingIlp(table, merge_followers=False, exact_columns=0).could_fit(b)
+               for b in budgets]
+    assert with_ceiling == without
