@@ -154,3 +154,50 @@ def test_a_rung_the_solver_cannot_decide_is_skipped_not_fatal(monkeypatch, caplo
     monkeypatch.setattr(ShardingIlp, "solve", every_budget_times_out)
     with pytest.raises(SolverTimeLimitError):
         _plan("gpt2", budget, "auto")
+
+
+class _DeepMLP(torch.nn.Module):
+    """benches/trust.py's MLP: four 512-wide layers, 1024 rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layers: list[torch.nn.Module] = []
+        for _ in range(4):
+            layers += [torch.nn.Linear(512, 512), torch.nn.GELU()]
+        self.body = torch.nn.Sequential(*layers)
+        self.head = torch.nn.Linear(512, 16)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+@pytest.mark.timeout(600)
+def test_auto_plans_at_every_budget_from_the_least_up():
+    """Issue 14, point 3: the two-stage ladder's rungs are a grid fixed by the
+    fastest plan's peak (``search._ladder``), not by the budget. With MAP's
+    ladder (budget x 1.25^n) this MLP on (4,) planned within 12.99 MiB a plan
+    of 11.06 MiB, where the least named was 11.80 MiB and a budget of 11.2 MiB
+    was refused. Now every budget from the least up plans within itself, a
+    budget under it names the same least, and no plan found is under it."""
+    torch.manual_seed(0)
+    model = _DeepMLP()
+    x, y = torch.randn(1024, 512), torch.randint(0, 16, (1024,))
+    mesh = DeviceMesh((4,))
+    speeds_ = dict(flops_per_s=1e10, memory_bandwidth_bytes_per_s=1e10, op_overhead_s=2e-5)
+
+    def planned(budget):
+        return plan(model, (x,), mesh, budget, loss_fn=lambda out: torch.nn.functional
+                    .cross_entropy(out, y), checkpointing="auto", **speeds_)
+
+    with pytest.raises(InfeasibleBudgetError) as err:
+        planned(1.0)
+    least = err.value.smallest_feasible_budget_bytes
+    with pytest.raises(InfeasibleBudgetError) as under:
+        planned(least * 0.97)
+    assert under.value.smallest_feasible_budget_bytes == least
+    roomy = planned(None).predicted_peak_memory_bytes
+    for fraction in (0.0, 0.1, 0.3, 0.6, 1.0):
+        budget = least + fraction * (roomy - least)
+        found = planned(budget)
+        assert found.predicted_peak_memory_bytes <= budget
+        assert found.predicted_peak_memory_bytes * (1 + HEADROOM) >= least * (1 - 1e-6)

@@ -1,10 +1,14 @@
-"""Issue 14 point 3 across link speeds: a plan's peak memory does not depend
-on how fast the links are, so the same model on the same mesh shape names
-the same smallest feasible budget on slow cross-node links and fast ones,
-and plans at it with both. (GPT-3 76B on 2x8, depth-reduced, 80 GiB: with
-25 GB/s links the least-budget MIP was built with 1-byte memory units and
-failed, and 108.4 GiB was named where 400 GB/s links found a 79.1 GiB plan.)
-A small GPT-2 on the meta device in bf16, priced, not simulated."""
+"""Issue 14 point 3 across link speeds: the smallest feasible budget named on
+slow cross-node links and on fast ones is where planning succeeds on each,
+and a budget just under it is refused naming the same least. (GPT-3 76B on
+2x8, depth-reduced, 80 GiB: with 25 GB/s links the least-budget MIP was built
+with 1-byte memory units and failed, and 108.4 GiB was named where 400 GB/s
+links found a 79.1 GiB plan.) The least may differ with the links, by the
+plans the two-stage ladder checkpoints (the fastest within each rung, which
+the links choose): until stop 31 only the plan of least memory named it, the
+same on every link, but faster plans, checkpointed, were found under it (an
+MLP on (4,): 9.56 MiB within 10.57, where 10.07 was named). A small GPT-2 on
+the meta device in bf16, priced, not simulated."""
 
 from __future__ import annotations
 
@@ -39,15 +43,18 @@ def _plan(cross_node_bytes_per_s: float, budget: float):
 
 
 @pytest.mark.timeout(600)
-def test_least_budget_does_not_depend_on_link_speed():
+def test_least_budget_plans_on_every_link():
     least = {}
     for link in LINKS_BYTES_PER_S:
         with pytest.raises(InfeasibleBudgetError) as err:
             _plan(link, 2**20)
         least[link] = err.value.smallest_feasible_budget_bytes
         assert least[link]
-    assert len(set(least.values())) == 1, least
-    budget = next(iter(least.values()))
-    for link in LINKS_BYTES_PER_S:
-        found = _plan(link, budget)  # plans at the least on every link
-        assert found.predicted_peak_memory_bytes <= budget
+        found = _plan(link, least[link])  # plans at its least
+        assert found.predicted_peak_memory_bytes <= least[link]
+        with pytest.raises(InfeasibleBudgetError) as under:
+            _plan(link, least[link] * 0.99)
+        assert under.value.smallest_feasible_budget_bytes == least[link]
+    # The plans the links choose move it by a few percent, not by the memory
+    # units' failure (37 %).
+    assert max(least.values()) <= 1.05 * min(least.values()), least

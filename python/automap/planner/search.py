@@ -61,8 +61,9 @@ if TYPE_CHECKING:
     from automap.cluster.cluster import Cluster
     from automap.trace.mixed_precision import MixedPrecision
 
-#: The two-stage search's budget ladder: the ILP runs at B * (1 + alpha)^n,
-#: n = 0 .. steps - 1, each solution checkpointed within the real budget B.
+#: The two-stage search's budget ladder: the ILP runs at the budget B and at
+#: each rung of the grid P / (1 + alpha)^n, n = 1 .. steps, above B (P: the
+#: fastest plan's peak), each solution checkpointed within B (``_ladder``).
 LADDER_ALPHA, LADDER_STEPS = 0.25, 10
 
 #: Where the budget is under the least-budget LP's bound, the ladder starts
@@ -160,8 +161,9 @@ def plan(
     (default: ``automap.trace.tracing.default_loss``).
 
     Within a budget, ``checkpointing="auto"`` runs MAP's two-stage search:
-    intra-op plans for the looser budgets B * 1.25^n (n < 10), each made to
-    fit B by activation checkpointing (the rotor DP), the fastest kept;
+    intra-op plans for B and for the looser budgets P / 1.25^n (n = 1 .. 10)
+    above it, P the fastest plan's peak, each made to fit B by activation
+    checkpointing (the rotor DP), the fastest kept;
     ``"off"``: the intra-op plan alone must fit; ``"only"``: the fastest
     intra-op plan, checkpointed to fit.
 
@@ -658,18 +660,20 @@ def _two_stage(traced, profile, table, budget, solve, instance, package, checkpo
     rung, and the plain intra-op plan at ``budget`` is a candidate beside the
     checkpointed ones. ``checkpointing="only"``: the fastest plan, checkpointed
     (its least budget is that plan's, checkpointed as far as it goes).
-    When nothing fits, the error names the least budget of the memory-minimal
-    and the fastest plan, each checkpointed as far as it goes (a property of the
-    model, mesh and options, not of the budget asked for)."""
+    The rungs are ``_ladder``'s: a grid fixed by the fastest plan's peak, not
+    by the budget. When nothing fits, the error names the least budget of the
+    plans climbed and the memory-minimal plan, each checkpointed as far as it
+    goes: a property of the model, the mesh (its links too: the rungs' plans are
+    the fastest within them) and the options, not of the budget asked for."""
     fastest = solve(None)
     if fastest.peak_memory_bytes <= budget:
         return package(fastest)
     could_fit = instance.could_fit
-    rungs = [] if checkpointing == "only" else [
-        budget * (1 + alpha) ** n for n in range(steps)
-        if budget * (1 + alpha) ** n < fastest.peak_memory_bytes]
+    rungs = [] if checkpointing == "only" else _ladder(budget, fastest.peak_memory_bytes,
+                                                       alpha, steps)
     best = None
     timed_out: list[SolverTimeLimitError] = []
+    climbed = [fastest]  # the intra-op plans checkpointed
 
     def consider(found):
         nonlocal best
@@ -692,6 +696,7 @@ def _two_stage(traced, profile, table, budget, solve, instance, package, checkpo
         if sol.peak_memory_bytes <= budget:
             consider(package(sol))  # fits without checkpoints
             return
+        climbed.append(sol)
         schedule, chain = _checkpoint(traced, profile, table, sol, budget, repeats)
         if schedule is None:
             log.info("%s: no checkpoint schedule fits %s", _rung(rung), _size(budget))
@@ -732,17 +737,33 @@ def _two_stage(traced, profile, table, budget, solve, instance, package, checkpo
     if best is None and timed_out:
         raise timed_out[0]  # not proved infeasible: the solver ran out of time
     if best is None:
-        # The plan of least memory names the least: the same on slow links and
-        # fast ones, and a budget that plans (the fastest plan, checkpointed,
-        # may fit less, but its least moves with the links).
+        # Nothing fitting, the budget is under every feasible rung of the grid:
+        # the least is that of every plan the ladder checkpointed and of the
+        # plan of least memory, each checkpointed as far as it goes, the same
+        # from every budget under it; at that budget the ladder climbs the plan
+        # that reaches it (or falls back to the plan of least memory).
         least = min([_checkpointed_least(traced, profile, table, sol, repeats)
-                     for sol in (leanest if leanest is not None else fastest,)]
+                     for sol in [*climbed, *([leanest] if leanest is not None else [])]]
                     + [plain_least])
         raise InfeasibleBudgetError(
             f"no plan fits a memory budget of {budget:.4g} bytes per device, even with "
             f"activation checkpointing; the smallest feasible budget is about {least:.4g} bytes "
             f"({_size(least)}). Raise the budget or use a larger mesh.", int(least))
     return best
+
+
+def _ladder(budget: float, top: float, alpha: float, steps: int) -> list[float]:
+    """The ILP budgets the two-stage search climbs within ``budget``, ascending:
+    the budget itself and the rungs of the fixed grid ``top / (1 + alpha)^n``
+    (n = 1 .. ``steps``; ``top``: the fastest plan's peak) above it. MAP's
+    ladder ``budget * (1 + alpha)^n`` moves with the budget, and with it the
+    intra-op plans checkpointed: a budget could plan where a larger one did not
+    (benches/trust.py's MLP on (4,): a plan of 10.06 MiB within 10.62 MiB, and
+    11.22 MiB refused). On a fixed grid every budget climbs the rungs above
+    it, so a budget that plans, plans at every larger one, and one under every
+    feasible rung climbs them all: the least it names is theirs."""
+    grid = (top / (1 + alpha) ** n for n in range(1, steps + 1))
+    return [budget, *sorted(g for g in grid if g > budget)]
 
 
 def _lowest_fitting(rungs: list[float], could_fit) -> int:
