@@ -1,5 +1,6 @@
 """Issue 6, acceptance 5: the two-stage search (intra-op ILP on a ladder of
-budgets B * 1.25^n, each solution checkpointed by the rotor DP within B)
+budgets: B and P / 1.25^n above it, P the fastest plan's peak; each solution
+checkpointed by the rotor DP within B)
 against each stage alone, by estimated step time under one cost model:
 
 - ILP alone: the intra-op plan must fit B with every activation kept;
