@@ -62,9 +62,16 @@ if TYPE_CHECKING:
     from automap.trace.mixed_precision import MixedPrecision
 
 #: The two-stage search's budget ladder: the ILP runs at the budget B and at
-#: each rung of the grid P / (1 + alpha)^n, n = 1 .. steps, above B (P: the
-#: fastest plan's peak), each solution checkpointed within B (``_ladder``).
+#: each rung of the grid P (1 - margin) / (1 + alpha)^n, n = 0 .. steps - 1,
+#: above B (P: the fastest plan's peak), each solution checkpointed within B
+#: (``_ladder``).
 LADDER_ALPHA, LADDER_STEPS = 0.25, 10
+#: The grid's top rung is this share under the fastest plan's peak: the
+#: near-fastest plans, checkpointed, are often the best (GPT-2 small on (2,2,2)
+#: at 0.5x: the plan within 0.99 P, checkpointed, 48.34 ms a step, where the
+#: fastest plan checkpointed takes 48.98 ms and the grid's next rung, 0.8 P,
+#: plans nothing a dive finds).
+LADDER_TOP_MARGIN = 0.01
 
 #: Where the budget is under the least-budget LP's bound, the ladder starts
 #: this share above the bound (just above it the ILP is infeasible or slow).
@@ -161,7 +168,7 @@ def plan(
     (default: ``automap.trace.tracing.default_loss``).
 
     Within a budget, ``checkpointing="auto"`` runs MAP's two-stage search:
-    intra-op plans for B and for the looser budgets P / 1.25^n (n = 1 .. 10)
+    intra-op plans for B and for the looser budgets 0.99 P / 1.25^n (n < 10)
     above it, P the fastest plan's peak, each made to fit B by activation
     checkpointing (the rotor DP), the fastest kept;
     ``"off"``: the intra-op plan alone must fit; ``"only"``: the fastest
@@ -754,15 +761,16 @@ def _two_stage(traced, profile, table, budget, solve, instance, package, checkpo
 
 def _ladder(budget: float, top: float, alpha: float, steps: int) -> list[float]:
     """The ILP budgets the two-stage search climbs within ``budget``, ascending:
-    the budget itself and the rungs of the fixed grid ``top / (1 + alpha)^n``
-    (n = 1 .. ``steps``; ``top``: the fastest plan's peak) above it. MAP's
+    the budget itself and the rungs of the fixed grid ``top (1 -
+    LADDER_TOP_MARGIN) / (1 + alpha)^n`` (n = 0 .. ``steps`` - 1; ``top``: the
+    fastest plan's peak) above it. MAP's
     ladder ``budget * (1 + alpha)^n`` moves with the budget, and with it the
     intra-op plans checkpointed: a budget could plan where a larger one did not
     (benches/trust.py's MLP on (4,): a plan of 10.06 MiB within 10.62 MiB, and
     11.22 MiB refused). On a fixed grid every budget climbs the rungs above
     it, so a budget that plans, plans at every larger one, and one under every
     feasible rung climbs them all: the least it names is theirs."""
-    grid = (top / (1 + alpha) ** n for n in range(1, steps + 1))
+    grid = (top * (1 - LADDER_TOP_MARGIN) / (1 + alpha) ** n for n in range(steps))
     return [budget, *sorted(g for g in grid if g > budget)]
 
 
