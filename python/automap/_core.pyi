@@ -178,6 +178,7 @@ def solve_rotor(
     bwd_comm_s: Sequence[float] | None = None,
     fwd_tmp_bytes: Sequence[int] | None = None,
     fwd_comm_tmp_bytes: Sequence[int] | None = None,
+    save_fwd_tmp_bytes: Sequence[int] | None = None,
     bwd_tmp_bytes: Sequence[int] | None = None,
     bwd_comm_tmp_bytes: Sequence[int] | None = None,
     out_grad_bytes: Sequence[int] | None = None,

@@ -160,7 +160,7 @@ fn column<T: Copy + Default>(
 #[pyo3(signature = (
     fwd_compute_s, bwd_compute_s, out_bytes, saved_bytes, budget_bytes, *,
     fwd_comm_s = None, bwd_comm_s = None, fwd_tmp_bytes = None, fwd_comm_tmp_bytes = None,
-    bwd_tmp_bytes = None, bwd_comm_tmp_bytes = None, out_grad_bytes = None,
+    save_fwd_tmp_bytes = None, bwd_tmp_bytes = None, bwd_comm_tmp_bytes = None, out_grad_bytes = None,
     param_grad_bytes = None,
     input_bytes = 0, input_grad_bytes = 0, slots = rotor::DEFAULT_SLOTS,
 ))]
@@ -176,6 +176,7 @@ fn solve_rotor(
     bwd_comm_s: Option<Vec<f64>>,
     fwd_tmp_bytes: Option<Vec<u64>>,
     fwd_comm_tmp_bytes: Option<Vec<u64>>,
+    save_fwd_tmp_bytes: Option<Vec<u64>>,
     bwd_tmp_bytes: Option<Vec<u64>>,
     bwd_comm_tmp_bytes: Option<Vec<u64>>,
     out_grad_bytes: Option<Vec<u64>>,
@@ -192,6 +193,10 @@ fn solve_rotor(
     let bwd_comm_s = column("bwd_comm_s", bwd_comm_s, len, None)?;
     let fwd_tmp_bytes = column("fwd_tmp_bytes", fwd_tmp_bytes, len, None)?;
     let fwd_comm_tmp_bytes = column("fwd_comm_tmp_bytes", fwd_comm_tmp_bytes, len, None)?;
+    let save_fwd_tmp_bytes = match save_fwd_tmp_bytes {
+        Some(v) => Some(column("save_fwd_tmp_bytes", Some(v), len, None)?),
+        None => None,
+    };
     let bwd_tmp_bytes = column("bwd_tmp_bytes", bwd_tmp_bytes, len, None)?;
     let bwd_comm_tmp_bytes = column("bwd_comm_tmp_bytes", bwd_comm_tmp_bytes, len, None)?;
     let out_grad_bytes = column("out_grad_bytes", out_grad_bytes, len, Some(&out_bytes))?;
@@ -204,6 +209,7 @@ fn solve_rotor(
             bwd_comm_s: bwd_comm_s[k],
             fwd_tmp_bytes: fwd_tmp_bytes[k],
             fwd_comm_tmp_bytes: fwd_comm_tmp_bytes[k],
+            save_fwd_tmp_bytes: save_fwd_tmp_bytes.as_ref().map(|v| v[k]),
             bwd_tmp_bytes: bwd_tmp_bytes[k],
             bwd_comm_tmp_bytes: bwd_comm_tmp_bytes[k],
             out_bytes: out_bytes[k],

@@ -30,7 +30,8 @@ def test_chain_quantities_are_consistent(chain):
     n = len(chain.stages)
     assert n > 4  # a stage per cut whose tensor the next stage keeps
     assert all(len(v) == n for v in (chain.fwd_compute_s, chain.bwd_compute_s, chain.out_bytes,
-                                     chain.saved_bytes, chain.fwd_tmp_bytes, chain.bwd_tmp_bytes))
+                                     chain.saved_bytes, chain.fwd_tmp_bytes,
+                                     chain.save_fwd_tmp_bytes, chain.bwd_tmp_bytes))
     assert all(s >= o for s, o in zip(chain.saved_bytes, chain.out_bytes))
     assert sum(chain.bwd_compute_s) > sum(chain.fwd_compute_s) > 0
 

@@ -51,7 +51,11 @@ class Chain:
     bwd_comm_s: list[float] = field(default_factory=list)
     out_bytes: list[int] = field(default_factory=list)
     saved_bytes: list[int] = field(default_factory=list)
+    #: Beyond its output, what a forward that saves nothing holds transiently;
+    #: beyond its saved set, what a saving forward does (a gathered weight is
+    #: the first's temporary and in the second's saved set).
     fwd_tmp_bytes: list[int] = field(default_factory=list)
+    save_fwd_tmp_bytes: list[int] = field(default_factory=list)
     bwd_tmp_bytes: list[int] = field(default_factory=list)
     #: Parameter gradients (and gradient bucket copies) the stage's backward
     #: makes; they stay live to the optimizer step.
@@ -142,7 +146,8 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int],
         chain.out_bytes.append(int(out))
         chain.saved_bytes.append(int(out + max(0.0, saved)))
         chain.param_grad_bytes.append(int(grads))
-    chain.fwd_tmp_bytes = _forward_overheads(chain, table, choice, line, mem)
+    chain.fwd_tmp_bytes, chain.save_fwd_tmp_bytes = _forward_overheads(chain, table, choice,
+                                                                        line, mem)
     chain.bwd_tmp_bytes = _backward_overheads(chain, table, choice, line, mem)
     chain.persistent_bytes = int(held.state_bytes + held.input_bytes)
     chain.largest_param_bytes = held.largest_param_bytes
@@ -154,27 +159,31 @@ def _stage_positions(chain: Chain, line) -> list[list[int]]:
     return [[line.position[n] for n in stage if n in line.position] for stage in chain.stages]
 
 
-def _forward_overheads(chain: Chain, table, choice, line, mem) -> list[int]:
-    """Per stage, what its forward needs beyond what the rotor counts there. A
-    forward that saves counts the stage's whole saved set with the overhead, one
-    that does not its output: the overhead is the larger of the memory model's
-    peak over the stage's forwards less what the saving forward counts (a large
-    transient early in a stage comes before most of the stage's saved tensors)
-    and the stage's largest transient less its output (the forward that saves
-    nothing)."""
+def _forward_overheads(chain: Chain, table, choice, line, mem) -> tuple[list[int], list[int]]:
+    """Per stage, what its forward needs beyond what the rotor counts there:
+    (a forward that saves nothing, a saving forward). The first counts the
+    stage's output: its overhead is the stage's largest transient less its
+    output. The second counts the stage's whole saved set: its overhead is the
+    memory model's peak over the stage's forwards less that (a large transient
+    early in a stage comes before most of the stage's saved tensors). One
+    overhead for both, the larger, counted a gathered weight twice in a saving
+    forward, in the saved set and as a transient (benches/trust.py's MLP on
+    (4,): each checkpointed plan modelled 1 MiB over its simulated step)."""
     model = estimate_memory(table, choice, line, table.optimizer).forward_bytes
     base = mem.state_bytes + mem.input_bytes
     saved_before = np.concatenate(([0], np.cumsum(chain.saved_bytes)[:-1]))
-    out = []
+    plain_out, saving_out = [], []
     for k, positions in enumerate(_stage_positions(chain, line)):
         if not positions:
-            out.append(0)
+            plain_out.append(0)
+            saving_out.append(0)
             continue
         saving = max(model[i] for i in positions) - (base + saved_before[k]
                                                      + chain.saved_bytes[k])
         plain = max(mem.fwd[i] for i in positions) - chain.out_bytes[k]
-        out.append(int(max(0.0, saving, plain)))
-    return out
+        plain_out.append(int(max(0.0, plain)))
+        saving_out.append(int(max(0.0, saving)))
+    return plain_out, saving_out
 
 
 def _backward_overheads(chain: Chain, table, choice, line, mem) -> list[int]:
@@ -315,6 +324,14 @@ def coarsen(chain: Chain, max_stages: int = MAX_STAGES) -> Chain:
         out.out_bytes.append(chain.out_bytes[hi])
         for f in ("fwd_tmp_bytes", "bwd_tmp_bytes"):
             getattr(out, f).append(max(getattr(chain, f)[k] + chain.out_bytes[k] for k in parts))
+        # A merged stage saves all its parts: each part's forward runs with the
+        # parts before it saved, and its own overhead beyond its saved set.
+        before = 0
+        saving = 0
+        for k in parts:
+            saving = max(saving, before + chain.saved_bytes[k] + chain.save_fwd_tmp_bytes[k])
+            before += chain.saved_bytes[k]
+        out.save_fwd_tmp_bytes.append(max(0, saving - before))
     return out
 
 
@@ -356,7 +373,8 @@ def solve_checkpointing(chain: Chain, activation_budget_bytes: int, slots: int =
         [f + tie_s for f in chain.fwd_compute_s], chain.bwd_compute_s, chain.out_bytes,
         chain.saved_bytes,
         int(activation_budget_bytes), fwd_comm_s=chain.fwd_comm_s, bwd_comm_s=chain.bwd_comm_s,
-        fwd_tmp_bytes=chain.fwd_tmp_bytes, bwd_tmp_bytes=chain.bwd_tmp_bytes,
+        fwd_tmp_bytes=chain.fwd_tmp_bytes, save_fwd_tmp_bytes=chain.save_fwd_tmp_bytes,
+        bwd_tmp_bytes=chain.bwd_tmp_bytes,
         param_grad_bytes=chain.param_grad_bytes, slots=slots)
     forwards = sum(1 for op, _ in found.ops if op != "backward")
     log.debug("rotor DP: %d stages within %d bytes, %d forwards recomputed, %.2f s", len(chain),

@@ -20,6 +20,11 @@ pub struct Stage {
     pub fwd_tmp_bytes: u64,
     /// `o_fcomm`: communication buffers of a forward.
     pub fwd_comm_tmp_bytes: u64,
+    /// Temporary bytes of a saving forward beyond its saved set, compute and
+    /// communication together, where they differ from a forward that saves
+    /// nothing (what the latter keeps transiently may be part of the saved
+    /// set: a gathered weight); `None`: `fwd_overhead_bytes()`.
+    pub save_fwd_tmp_bytes: Option<u64>,
     /// `o_b`: temporary bytes of the backward, beyond inputs and outputs.
     pub bwd_tmp_bytes: u64,
     /// `o_bcomm`: communication buffers of the backward.
@@ -48,6 +53,11 @@ impl Stage {
     /// Temporary bytes of a forward (compute and communication together).
     pub fn fwd_overhead_bytes(&self) -> u64 {
         self.fwd_tmp_bytes + self.fwd_comm_tmp_bytes
+    }
+    /// Temporary bytes of a saving forward beyond its saved set.
+    pub fn save_fwd_overhead_bytes(&self) -> u64 {
+        self.save_fwd_tmp_bytes
+            .unwrap_or_else(|| self.fwd_overhead_bytes())
     }
     /// Temporary bytes of the backward (compute and communication together).
     pub fn bwd_overhead_bytes(&self) -> u64 {
@@ -117,6 +127,7 @@ impl Chain {
             total += [
                 st.fwd_tmp_bytes,
                 st.fwd_comm_tmp_bytes,
+                st.save_fwd_tmp_bytes.unwrap_or(0),
                 st.bwd_tmp_bytes,
                 st.bwd_comm_tmp_bytes,
                 st.out_bytes,

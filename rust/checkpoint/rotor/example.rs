@@ -27,6 +27,7 @@ pub fn example_chain(len: usize) -> Result<Chain, RotorError> {
                 bwd_comm_s: if comm { 2e-4 } else { 0.0 },
                 fwd_tmp_bytes: next(8) * MIB,
                 fwd_comm_tmp_bytes: if comm { out / 2 } else { 0 },
+                save_fwd_tmp_bytes: None,
                 bwd_tmp_bytes: out,
                 bwd_comm_tmp_bytes: if comm { out / 2 } else { 0 },
                 out_bytes: out,

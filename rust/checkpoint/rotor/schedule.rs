@@ -229,7 +229,7 @@ impl State {
                     return Err(format!("a_{k} is not live"));
                 }
                 debug_assert_eq!(output, NONE);
-                let during = self.mem + sz.saved[k] + sz.fwd_tmp[k];
+                let during = self.mem + sz.saved[k] + sz.save_fwd_tmp[k];
                 self.mem += sz.saved[k];
                 self.act[k + 1] = SAVED;
                 Ok(during)

@@ -18,6 +18,7 @@ pub(crate) struct Sizes {
     pub bwd_out: Vec<u64>,
     pub saved: Vec<u64>,
     pub fwd_tmp: Vec<u64>,
+    pub save_fwd_tmp: Vec<u64>,
     pub bwd_tmp: Vec<u64>,
 }
 
@@ -56,6 +57,7 @@ impl Sizes {
             bwd_out,
             saved: st.iter().map(|s| f(s.saved_bytes)).collect(),
             fwd_tmp: st.iter().map(|s| f(s.fwd_overhead_bytes())).collect(),
+            save_fwd_tmp: st.iter().map(|s| f(s.save_fwd_overhead_bytes())).collect(),
             bwd_tmp: st.iter().map(|s| f(s.bwd_overhead_bytes())).collect(),
         }
     }
@@ -82,7 +84,7 @@ impl Sizes {
     /// `ForwardSaveAll(s)` at the start of sub-chain (s, t).
     #[inline]
     pub fn save_all_req(&self, s: usize, t: usize) -> u64 {
-        self.grad[t + 1] + self.saved[s] + self.fwd_tmp[s]
+        self.grad[t + 1] + self.saved[s] + self.save_fwd_tmp[s]
     }
 
     /// `Backward(s)`: `ā_{s+1}`, `δ_{s+1}` (with the parameter gradients so far),

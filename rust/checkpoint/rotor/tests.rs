@@ -149,6 +149,8 @@ fn arb_stage() -> impl Strategy<Value = Stage> {
                 bwd_comm_s: if comm { bm } else { 0.0 },
                 fwd_tmp_bytes: ft,
                 fwd_comm_tmp_bytes: if comm { fct } else { 0 },
+                // A saving forward's own overhead in a quarter of the stages.
+                save_fwd_tmp_bytes: if pg == 1 { Some(ft / 2) } else { None },
                 bwd_tmp_bytes: bt,
                 bwd_comm_tmp_bytes: if comm { bct } else { 0 },
                 out_bytes: out,
@@ -334,6 +336,24 @@ fn backward_temporaries_are_read_from_the_backward_fields() {
     let chain = Chain::new(vec![st], 0, 0).unwrap();
     // forward: δ_1 + ā_1 + 50
     assert_eq!(min_budget_bytes(&chain), 1 + 1 + 50);
+}
+
+#[test]
+fn a_saving_forward_counts_its_own_overhead() {
+    // A stage whose forward gathers a 20-byte weight it saves: the forward
+    // that saves nothing holds the copy transiently (fwd_tmp 20), the saving
+    // one holds it in its saved set and needs nothing beyond (0).
+    let mut st = uniform_stage(1.0, 1.0, 1, 21);
+    st.fwd_tmp_bytes = 20;
+    let both = Chain::new(vec![st.clone()], 0, 0).unwrap();
+    // forward: δ_1 + ā_1 + 20 (the saved copy counted twice)
+    assert_eq!(min_budget_bytes(&both), 1 + 21 + 20);
+    st.save_fwd_tmp_bytes = Some(0);
+    let own = Chain::new(vec![st], 0, 0).unwrap();
+    // backward: ā_1 + δ_1 + δ_0 (0)
+    assert_eq!(min_budget_bytes(&own), 21 + 1);
+    let replay = simulate(&own, &store_all_ops(1)).unwrap();
+    assert_eq!(replay.peak_memory_bytes, 21 + 1);
 }
 
 #[test]
