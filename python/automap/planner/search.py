@@ -761,11 +761,11 @@ def _two_stage(traced, profile, table, budget, solve, instance, package, checkpo
 
 def _ladder(budget: float, top: float, alpha: float, steps: int) -> list[float]:
     """The ILP budgets the two-stage search climbs within ``budget``, ascending:
-    the budget itself and the rungs of the fixed grid ``top (1 -
-    LADDER_TOP_MARGIN) / (1 + alpha)^n`` (n = 0 .. ``steps`` - 1; ``top``: the
-    fastest plan's peak) above it. MAP's
-    ladder ``budget * (1 + alpha)^n`` moves with the budget, and with it the
-    intra-op plans checkpointed: a budget could plan where a larger one did not
+    the budget itself and the rungs of the fixed grid
+    ``top * (1 - LADDER_TOP_MARGIN) / (1 + alpha)^n`` (n = 0 .. ``steps`` - 1;
+    ``top``: the fastest plan's peak) above it. MAP's ladder
+    ``budget * (1 + alpha)^n`` moves with the budget, and with it the intra-op
+    plans checkpointed: a budget could plan where a larger one did not
     (benches/trust.py's MLP on (4,): a plan of 10.06 MiB within 10.62 MiB, and
     11.22 MiB refused). On a fixed grid every budget climbs the rungs above
     it, so a budget that plans, plans at every larger one, and one under every

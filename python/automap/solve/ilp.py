@@ -200,7 +200,6 @@ class _Model:
             return math.inf
         return 2.0 * (float(np.abs(costliest).sum()) + abs(float(self.lp.offset_))) + 1.0
 
-
     def dual_prices(self, row_dual: np.ndarray) -> np.ndarray:
         """Per column, the budget rows' dual prices times its coefficients
         in them: what one unit of the column costs in the Lagrangian."""
