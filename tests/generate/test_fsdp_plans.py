@@ -56,15 +56,18 @@ def test_a_sharded_plan_moves_what_data_parallelism_moves():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("shape,kind,over", [((4,), "fsdp", 0.10), ((2, 2), "fsdp", 0.03),
-                                             ((2, 2), "fsdp_hybrid", 0.25)])
+@pytest.mark.parametrize("shape,kind,over", [((4,), "fsdp", 0.03), ((2, 2), "fsdp", 0.01),
+                                             ((2, 2), "fsdp_hybrid", 0.15)])
 def test_a_gathered_parameter_has_no_gradient_bucket_in_the_memory_model(shape, kind, over):
     """Issue 14, point 1: the program buckets only parameters read as stored; a
     gathered one's gradient is reduce-scattered in the graph (the stored
     shard bucketed only for gradient axes it does not gather). The model
     counted a bucket copy of every gathered weight to the end of the backward:
-    41 % over the simulated step on (4,), 31 % on (2,2), 35 % hybrid; now it
-    stays an upper bound within ``over``."""
+    41 % over the simulated step on (4,), 31 % on (2,2), 35 % hybrid; then 10 %,
+    2 % and 24 %. Since the backward's second phase (stop 32: the gradient's
+    reduce-scatter runs after the consumer's kernels, beside its stacked
+    copy, once the gathered weight is freed) it is 2.0 %, 0.2 % and 12.9 %
+    over, and stays an upper bound within ``over``."""
     mesh = DeviceMesh(shape)
     model, inputs, loss_fn = build("mlp")
     found = forced_plan(model, inputs, loss_fn, mesh, **FORCED[kind](mesh))[1]

@@ -201,3 +201,27 @@ def test_auto_plans_at_every_budget_from_the_least_up():
         found = planned(budget)
         assert found.predicted_peak_memory_bytes <= budget
         assert found.predicted_peak_memory_bytes * (1 + HEADROOM) >= least * (1 - 1e-6)
+
+
+@pytest.mark.timeout(300)
+def test_a_tensor_parallel_plan_is_modelled_as_its_step_allocates():
+    """Issue 14, point 1. The trust MLP's unconstrained plan on (4,) gathers each
+    body layer's input and splits its output. The memory model counted
+    19.80 MiB where the simulated step (= measured) holds 15.30 MiB:
+    - the first layer's saved input is the user's replicated batch, already
+      counted as an input (``memory.input_view_saved_bytes``);
+    - each layer's input gradient is all-reduced after its backward kernels,
+      once autograd has freed the layer's saved gathered input and its output's
+      gradient (``bwd_after_bytes``); the model held both.
+    Now the model is the simulated step to 1 %."""
+    torch.manual_seed(0)
+    model = _DeepMLP()
+    x, y = torch.randn(1024, 512), torch.randint(0, 16, (1024,))
+    found = plan(model, (x,), DeviceMesh((4,)), loss_fn=lambda out: torch.nn.functional
+                 .cross_entropy(out, y), flops_per_s=1e10, memory_bandwidth_bytes_per_s=1e10,
+                 op_overhead_s=2e-5)
+    gathered = [n for n, node in found.nodes.items()
+                if n.startswith("linear") and node.inputs[0] == "RR" and "S" in node.inputs[1]]
+    assert len(gathered) >= 3, "no longer tensor parallel: pick another plan"
+    modelled = found.solver["modelled_peak_bytes"]
+    assert modelled == pytest.approx(found.predicted_peak_memory_bytes, rel=0.01)

@@ -44,12 +44,12 @@ def _random_table(rng: random.Random, mesh: DeviceMesh) -> StrategyTable:
             nodes["n0"] = NodeOptions(
                 "n0", "placeholder", "parameter", [], [TensorInfo(shape, 4, True)], [()] * k,
                 out_specs, zero, zero, zero, draw(100.0), draw(60.0), zero, zero, zero, zero,
-                zero)
+                zero, zero)
             continue
         nodes[f"n{i}"] = NodeOptions(
             f"n{i}", "op", "einsum", inputs, [TensorInfo(shape, 4, True)], in_specs, out_specs,
             draw(1e-5), draw(1e-5), draw(1e-5), draw(30.0), zero, draw(10.0), draw(100.0),
-            draw(50.0), draw(50.0), draw(20.0))
+            draw(50.0), draw(50.0), draw(80.0), draw(20.0))
     return StrategyTable(mesh, nodes)
 
 

@@ -26,7 +26,7 @@ def _node(name, kind, inputs, in_specs, out_specs):
     zero = np.zeros(k)
     return NodeOptions(name, "op", kind, inputs, [TensorInfo((4, 4), 4, True)], in_specs,
                        out_specs, np.ones(k) * 1e-6, zero, zero, zero, zero, zero, zero, zero,
-                       zero, zero)
+                       zero, zero, zero)
 
 
 def _table() -> StrategyTable:

@@ -150,7 +150,7 @@ def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
                 unit.backward_s += b
                 unit.saved_bytes += float(memory.saved[i])
                 unit.transient_bytes = max(unit.transient_bytes, float(memory.fwd[i]),
-                                           float(memory.bwd[i]))
+                                           float(memory.bwd[i]), float(memory.after[i]))
             # Between repeats the cut carries what crosses into the next traced block.
             cut = first if rep < times_repeated - 1 else end
             unit.out_bytes, unit.out_grad_bytes = float(fwd_cross[cut]), float(bwd_cross[cut])

@@ -1006,7 +1006,7 @@ class _MemoryRows:
               quantum_bytes) -> int:
         nodes, line = self.table.nodes, self.line
         n = len(line)
-        kinds = ("saved", "later", "waiting", "fwd", "bwd")
+        kinds = ("saved", "later", "waiting", "fwd", "bwd", "after", "own")
         terms = {k: [[] for _ in range(n)] for k in kinds}
         consts = {k: np.zeros(n) for k in kinds}
         base, grads, opt = [], [], []
@@ -1046,17 +1046,19 @@ class _MemoryRows:
                 add("waiting", line.last_reader[v] - 1, r, g * w)
                 if i > 0:
                     add("waiting", i - 1, r, -g * w)
+                add("own", i, r, -g * w)  # its kernels use it up
             for kind, column, weight in (("saved", node.saved_bytes, w),
                                          ("later", node.bucket_bytes, w),
                                          ("fwd", node.fwd_transient_bytes, 1.0),
-                                         ("bwd", node.bwd_transient_bytes, 1.0)):
+                                         ("bwd", node.bwd_transient_bytes, 1.0),
+                                         ("after", node.bwd_after_bytes, 1.0)):
                 coef = column[idx] * weight
                 if coef.any():
                     add(kind, i, r, coef)
         for consumer, ru, a_idx, rv, b_idx, key, matrices in self.edge_terms:
             i = line.position[consumer]
             w = nw.get(consumer, 1.0)
-            for kind, m in zip(("fwd", "bwd", "saved"), matrices):
+            for kind, m in zip(("fwd", "bwd", "after", "saved"), matrices):
                 if not m.any():
                     continue
                 if kind == "saved":
@@ -1114,6 +1116,11 @@ class _MemoryRows:
             if changes:
                 row(terms["bwd"][i] + _var(kept[i]) + _var(later[i]) + _var(waiting[i]),
                     consts["bwd"][i])
+            # After its kernels: what the node saved is freed, its input
+            # gradients are reduced and converted back.
+            if terms["after"][i] or consts["after"][i]:
+                row(terms["after"][i] + terms["own"][i] + _var(prev) + _var(later[i])
+                    + _var(waiting[i]), consts["after"][i] + consts["own"][i])
         # The optimizer step: every gradient and the largest shard's temporaries.
         grad_total = b.columns([0.0], integer=False, upper=inf)[0]
         self._sum(b, grad_total, grads, grad_const)

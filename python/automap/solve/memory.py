@@ -12,7 +12,9 @@ then the optimizer step. With the ``NodeOptions`` columns:
 - ``bucket_bytes`` (data-parallel gradient bucket copies) appear in the
   backward of the node and live until the end of the backward;
 - ``fwd_transient_bytes`` / ``bwd_transient_bytes`` live while the node's
-  forward / backward runs;
+  forward / backward kernels run; ``bwd_after_bytes`` (its input gradients and
+  their reductions) after its backward kernels, when autograd has freed what
+  the node saved;
 - the gradient of a node's output lives from the backward of its last reader
   through the node's own backward (long for a residual branch);
 - the optimizer step needs ``OPTIMIZER_TEMP_FACTOR`` times the largest
@@ -20,15 +22,16 @@ then the optimizer step. With the ``NodeOptions`` columns:
 - an edge whose consumer reads another spec than its producer made converts
   the tensor (``conversion_bytes``): the copy and the collective's staging live
   while the consumer's forward runs, the gradient's conversion back while its
-  backward runs, and a converted parameter, or activation an earlier node
+  backward has run, and a converted parameter, or activation an earlier node
   saves too, that the consumer (or a view after it) saves for the backward is
   kept like the consumer's saved tensors (the attention output a projection
   saves: the same storage as attention's saved output, unless converted).
 
 So, with ``S(v)`` the bytes saved by ``v`` and the nodes before it, the memory
 in the forward of node ``v`` is ``state + inputs + S(v-1) + fwd_transient(v)``,
-in its backward ``state + inputs + S(v) + Σ_{last use of p >= v} grad_p +
-Σ_{u >= v} bucket_u + bwd_transient(v)``, and in the optimizer step ``state +
+in its backward ``state + inputs + Σ_{last use of p >= v} grad_p + Σ_{u >= v}
+bucket_u + max(S(v) + bwd_transient(v), S(v-1) + bwd_after(v))``, and in the
+optimizer step ``state +
 inputs + Σ grad + temporaries``: the peak is the largest of these. The ILP
 (``automap.solve.ilp``) bounds the same expressions by the budget, the chain of
 a plan (``automap.checkpoint.chain``) sums the same columns per stage, and the
@@ -42,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from automap.sharding.spec import ShardingSpec
 from automap.solve.fsdp import fused_gather
 from automap.solve.strategies import ShardCounts
 
@@ -116,35 +120,94 @@ def conversion_bytes(full_bytes: float, src_shards: np.ndarray, dst_shards: np.n
                      is_state: bool, saved: bool):
     """Memory of converting a tensor of ``full_bytes`` between specs with the given
     shard counts (arrays broadcast against each other; equal specs must be masked
-    by the caller): (forward transient, backward transient, kept for the backward).
-    A gather makes the gathered copy and gloo's staging copy of it, a split its
-    shard, an all-to-all its send buffer and result; the gradient goes back the
-    dual way (a split's gradient is gathered, with staging), plus, for a
-    parameter, the gradient of the converted copy it comes from."""
+    by the caller): (forward transient, backward transient while the consumer's
+    kernels run, backward transient after them, kept for the backward). A gather
+    makes the gathered copy and gloo's staging copy of it, a split its shard, an
+    all-to-all its send buffer and result; the gradient goes back the dual way
+    once the consumer's backward has run (a split's gradient is gathered, with
+    staging). A parameter's converted copy gets its gradient from the consumer's
+    kernels: it lives in both phases (a gathered one's reduction:
+    ``_gathered_gradient_bytes``, which ``edge_memory`` puts in its place)."""
     src = full_bytes / src_shards
     dst = full_bytes / dst_shards
     gather, split = src_shards > dst_shards, src_shards < dst_shards
     fwd = np.where(gather, 2 * dst, np.where(split, dst, src + dst))
-    bwd = np.where(gather, src, np.where(split, 2 * src, src + dst))
+    after = np.where(gather, src, np.where(split, 2 * src, src + dst))
+    during = dst * np.ones_like(after) if is_state else np.zeros_like(after)
     if is_state:
-        bwd = bwd + dst
+        after = after + dst
     kept = dst if saved else np.zeros_like(dst)
-    return fwd, bwd, kept
+    return fwd, during, after, kept
 
 
 def edge_memory(table, line: Timeline, edge, src_specs, dst_specs, shard_count):
     """``conversion_bytes`` of ``edge`` for every pair of the given producer and
-    consumer specs (matrices, zero where the specs are equal)."""
+    consumer specs (matrices, zero where the specs are equal, except that a user
+    input read as its placeholder holds it is not kept twice:
+    ``input_view_saved_bytes``)."""
     producer, o, consumer, k = edge
     info = table.nodes[producer].outputs[o]
     a = np.array([float(shard_count(x)) for x in src_specs])[:, None]
     b = np.array([float(shard_count(x)) for x in dst_specs])[None, :]
     same = np.array(src_specs, dtype=object)[:, None] == np.array(dst_specs, dtype=object)[None, :]
     is_state = table.nodes[producer].kind in ("parameter", "buffer", "constant")
-    fwd, bwd, kept = conversion_bytes(float(info.nbytes), a, b, is_state,
-                                      edge in line.saved_copy_edges)
+    fwd, during, after, kept = conversion_bytes(float(info.nbytes), a, b, is_state,
+                                                edge in line.saved_copy_edges)
     zero = np.where(same, 0.0, 1.0)
-    return fwd * zero, bwd * zero, kept * zero
+    kept = kept * zero
+    if is_state:
+        after = after + 0.0 * zero  # one entry per pair
+        for i, src in enumerate(src_specs):
+            for j, dst in enumerate(dst_specs):
+                if a[i, 0] > b[0, j]:
+                    after[i, j] = _gathered_gradient_bytes(
+                        info.nbytes / b[0, j], info.nbytes / a[i, 0], src, dst,
+                        shard_count.mesh)
+    if table.nodes[producer].kind == "input":
+        for j, spec in enumerate(dst_specs):
+            for i in np.flatnonzero(same[:, j]):
+                kept[i, j] = -input_view_saved_bytes(table, edge, spec)
+    return fwd * zero, during * zero, after * zero, kept
+
+
+def _gathered_gradient_bytes(dst_bytes: float, src_bytes: float, src: str, dst: str,
+                             mesh) -> float:
+    """The backward of a gathered parameter copy after the consumer's kernels:
+    its gradient (``dst_bytes``) and the stacked copy a reduce-scatter sends
+    (``collectives._flat_reduce_scatter``); where several axes were gathered,
+    the first step's result beside that copy (the least axis first bounds it)
+    instead of the last step's, the shard (``src_bytes``), which the model
+    counts as the parameter's gradient from the consumer's kernels on. (A
+    forced FSDP MLP on (2,2): 648 KiB where the gather's dual, a split,
+    counted 320.) A gradient all-reduced in the graph and then split needs
+    as much: the all-reduce's copy, then the split's shard."""
+    a, b = ShardingSpec.parse(src), ShardingSpec.parse(dst)
+    gathered = {x for d in a.dims for x in d} - {x for d in b.dims for x in d}
+    if len(gathered) < 2:
+        return 2 * dst_bytes
+    first = min(mesh.shape[x] for x in gathered)
+    return 2 * dst_bytes + max(0.0, dst_bytes / first - src_bytes)
+
+
+def input_view_saved_bytes(table, edge, spec: str) -> float:
+    """What ``edge``'s consumer counts as saved of a user input it reads in the
+    spec the input's placeholder has (``spec``), where the program saves no new
+    tensor: every rank is handed the whole input (counted as inputs), and its
+    placeholder's block of it (``generate.ops.take_shard``) is the input itself,
+    or a view where only the leading dim of size > 1 is split. (The trust MLP's
+    tensor-parallel plan: its replicated 2 MiB input counted twice.)"""
+    producer, o, consumer, k = edge
+    node = table.nodes[consumer]
+    if node.saved_input_bytes is None or k >= node.saved_input_bytes.shape[1]:
+        return 0.0
+    shape = table.nodes[producer].outputs[o].shape
+    sharded = [d for d, axes in enumerate(ShardingSpec.parse(spec).dims) if axes]
+    if sharded and (len(sharded) > 1 or any(shape[d] != 1 for d in range(sharded[0]))):
+        return 0.0  # take_shard copies a block that is not contiguous
+    # The strategies saving it there all count the same local bytes.
+    saved = [float(node.saved_input_bytes[c, k]) for c, ins in enumerate(node.in_specs)
+             if k < len(ins) and ins[k] == spec]
+    return max(saved, default=0.0)
 
 
 @dataclass
@@ -166,15 +229,17 @@ class MemoryEstimate:
 class PlanMemory:
     """The terms of the model for one choice: the bytes held the whole step, and
     per position (``Timeline.order``) what the node keeps for the backward, what
-    its forward and backward need while they run, and the gradients (parameter
-    gradients, bucket copies) its backward adds; ``largest_param_bytes`` sizes the
-    optimizer's temporaries."""
+    its forward and backward need while they run (the backward's kernels with
+    the node's saved tensors, ``bwd``, then without them, ``after``), and the
+    gradients (parameter gradients, bucket copies) its backward adds;
+    ``largest_param_bytes`` sizes the optimizer's temporaries."""
 
     state_bytes: float
     input_bytes: float
     saved: np.ndarray
     fwd: np.ndarray
     bwd: np.ndarray
+    after: np.ndarray
     grads: np.ndarray
     buckets: np.ndarray
     largest_param_bytes: float
@@ -182,6 +247,9 @@ class PlanMemory:
     #: end: ``+bytes`` where they appear, ``-bytes`` before the position that
     #: uses them up.
     waiting: np.ndarray | None = None
+    #: Per position, the gradient of the node's own output among the waiting
+    #: ones: its backward kernels use it up (freed in the ``after`` phase).
+    own_waiting: np.ndarray | None = None
 
 
 def plan_memory(table, choice: dict[str, int], line: Timeline,
@@ -191,7 +259,8 @@ def plan_memory(table, choice: dict[str, int], line: Timeline,
     weight = weight or {}
     n = len(line)
     shard_count = ShardCounts(table.mesh)
-    out = PlanMemory(0.0, 0.0, *(np.zeros(n) for _ in range(5)), 0.0, np.zeros(n))
+    out = PlanMemory(0.0, 0.0, *(np.zeros(n) for _ in range(6)), 0.0, np.zeros(n),
+                     np.zeros(n))
     for name, node in table.nodes.items():
         c, w = choice[name], weight.get(name, 1.0)
         out.state_bytes += w * float(node.state_bytes[c])
@@ -203,6 +272,7 @@ def plan_memory(table, choice: dict[str, int], line: Timeline,
         if i is not None and name in line.last_reader:
             g = w * float(waiting_gradient_bytes(node, c, shard_count))
             out.waiting[line.last_reader[name] - 1] += g
+            out.own_waiting[i] = g
             if i > 0:
                 out.waiting[i - 1] -= g
         if i is not None:
@@ -210,6 +280,7 @@ def plan_memory(table, choice: dict[str, int], line: Timeline,
             out.buckets[i] = w * float(node.bucket_bytes[c])
             out.fwd[i] = float(node.fwd_transient_bytes[c])
             out.bwd[i] = float(node.bwd_transient_bytes[c])
+            out.after[i] = float(node.bwd_after_bytes[c])
     for edge in table.edges():
         producer, o, consumer, k = edge
         i = line.position.get(consumer)
@@ -217,13 +288,16 @@ def plan_memory(table, choice: dict[str, int], line: Timeline,
             continue
         src = table.nodes[producer].out_specs[choice[producer]][o]
         dst = table.nodes[consumer].in_specs[choice[consumer]][k]
+        if src == dst and table.nodes[producer].kind != "input":
+            continue
+        f, during, after, kept = (float(m[0, 0]) for m in
+                                  edge_memory(table, line, edge, [src], [dst], shard_count))
+        out.fwd[i] += f
+        out.bwd[i] += during
+        out.after[i] += after
+        out.saved[i] += weight.get(consumer, 1.0) * kept
         if src == dst:
             continue
-        f, b, kept = (float(m[0, 0]) for m in
-                      edge_memory(table, line, edge, [src], [dst], shard_count))
-        out.fwd[i] += f
-        out.bwd[i] += b
-        out.saved[i] += weight.get(consumer, 1.0) * kept
         out.buckets[i] += weight.get(consumer, 1.0) * converted_parameter_bucket_bytes(
             table, edge, src, dst, choice[consumer], shard_count)
     return out
@@ -278,7 +352,12 @@ def estimate_memory(table, choice: dict[str, int], line: Timeline, optimizer="ad
     later_grads = np.cumsum(m.grads[::-1])[::-1]
     later_buckets = np.cumsum(m.buckets[::-1])[::-1]
     waiting = np.cumsum(m.waiting[::-1])[::-1]
-    backward = base + kept + later_grads + later_buckets + waiting + m.bwd
+    # A node's backward peaks while its kernels run, or after them (its input
+    # gradients reduced, converted back), when autograd has freed what it saved.
+    during = kept + waiting + m.bwd
+    after = kept - m.saved + waiting - m.own_waiting + m.after
+    in_kernels = during >= after
+    backward = base + later_grads + later_buckets + np.maximum(during, after)
     forward = base + (kept - m.saved) + m.fwd
     opt_temp = optimizer_temp_factor(optimizer) * m.largest_param_bytes
     candidates = [(base + grads_total + opt_temp, "optimizer step", -1, "opt")]
@@ -292,10 +371,13 @@ def estimate_memory(table, choice: dict[str, int], line: Timeline, optimizer="ad
     if phase == "opt":
         cats["gradients"], cats["temporaries"] = grads_total, opt_temp
     elif phase == "bwd":
-        cats.update({"activations": float(kept[i]), "gradients": float(later_grads[i]),
-                     "activation gradients": float(waiting[i]),
+        kernels = bool(in_kernels[i])
+        cats.update({"activations": float(kept[i] - (0.0 if kernels else m.saved[i])),
+                     "gradients": float(later_grads[i]),
+                     "activation gradients": float(waiting[i] - (0.0 if kernels
+                                                                 else m.own_waiting[i])),
                      "gradient buckets": float(later_buckets[i]),
-                     "temporaries": float(m.bwd[i])})
+                     "temporaries": float(m.bwd[i] if kernels else m.after[i])})
     else:
         cats.update({"activations": float(kept[i] - m.saved[i]), "temporaries": float(m.fwd[i])})
     return MemoryEstimate(float(peak), at, cats, float(candidates[0][0]), forward, backward)

@@ -47,7 +47,7 @@ class TensorInfo:
 #: The per-strategy arrays of a ``NodeOptions`` (index-aligned with its specs).
 PER_STRATEGY = ("compute_s", "forward_comm_s", "backward_comm_s", "state_bytes", "grad_bytes",
                 "input_bytes", "saved_bytes", "fwd_transient_bytes", "bwd_transient_bytes",
-                "bucket_bytes")
+                "bwd_after_bytes", "bucket_bytes")
 
 
 @dataclass
@@ -70,7 +70,10 @@ class NodeOptions:
     # its last use to the optimizer step); the user input (the whole step);
     # activations kept for the backward (from this node's forward to its
     # backward); temporaries while the node's forward and backward run
-    # (outputs, kernel scratch, collective buffers); data-parallel gradient
+    # (outputs, kernel scratch, collective buffers), the backward's in two
+    # phases: its kernels (with the node's saved tensors) and after them
+    # (``bwd_after_bytes``: the input gradients and their reductions, once
+    # autograd has freed what the node saved); data-parallel gradient
     # bucket copies this node's backward adds (to the end of the backward).
     state_bytes: np.ndarray
     grad_bytes: np.ndarray
@@ -78,6 +81,7 @@ class NodeOptions:
     saved_bytes: np.ndarray
     fwd_transient_bytes: np.ndarray
     bwd_transient_bytes: np.ndarray
+    bwd_after_bytes: np.ndarray
     bucket_bytes: np.ndarray
     module_path: str = ""
     tied_to: str | None = None  # a tied parameter placeholder follows this one
@@ -471,7 +475,8 @@ def _activation_memory(options: NodeOptions, ins, outs, prof, mesh, shard_count,
     options.saved_bytes = saved
     options.saved_input_bytes = per_input if per_input.any() else None
     options.fwd_transient_bytes = np.maximum(fwd, fwd_reduce)
-    options.bwd_transient_bytes = np.maximum(np.maximum(bwd, bwd_gather), bwd_reduce)
+    options.bwd_transient_bytes = np.maximum(bwd, bwd_gather)
+    options.bwd_after_bytes = bwd_reduce
     options.bucket_bytes = buckets
 
 
