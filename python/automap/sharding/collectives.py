@@ -159,22 +159,35 @@ def _stack_chunks(x: torch.Tensor, dim: int, n: int, order) -> torch.Tensor:
 # One collective call on one process group (a flat ring over its ranks). ---------------
 
 def _flat_gather(x: torch.Tensor, dim: int, g: AxisGroup) -> Steps:
-    x = x.contiguous()
+    given, x = x, x.contiguous()
     out = x.new_empty((g.size * x.shape[0],) + tuple(x.shape[1:]))
     yield _launch(dist.all_gather_into_tensor, g, out, x, staged=out)
     stacked = out.view((g.size,) + tuple(x.shape))
     if g.shard_of_group_rank is not None:
         stacked = stacked[list(g.group_rank_of_shard)]
-    return _merge_leading(stacked, dim)
+    result = _merge_leading(stacked, dim)
+    if not _shares_storage(x, given):
+        free_temporary(x)
+    if not _shares_storage(out, result):
+        free_temporary(out)
+    return result
 
 
 def _flat_all_to_all(x: torch.Tensor, src_dim: int, dst_dim: int, g: AxisGroup) -> Steps:
     send = _stack_chunks(x, dst_dim, g.size, g.shard_of_group_rank)
-    recv = torch.empty_like(send)
+    received = recv = torch.empty_like(send)
     yield _launch(dist.all_to_all_single, g, recv, send)
     if g.shard_of_group_rank is not None:
         recv = recv[list(g.group_rank_of_shard)]
-    return _merge_leading(recv, src_dim)
+    result = _merge_leading(recv, src_dim)
+    free_temporary(send)
+    if not _shares_storage(received, result):
+        free_temporary(received)
+    return result
+
+
+def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _flat_all_reduce(x: torch.Tensor, g: AxisGroup) -> Steps:
@@ -205,8 +218,9 @@ def free_temporary(t: torch.Tensor) -> None:
     collective used and that nothing reads again, now, whoever still holds a
     reference: gloo's worker thread can hold one past ``_GlooWork``'s bounded
     wait on a busy machine (seen: a reduce-scatter's 512 KB stacked input kept
-    to the end of the step on one rank of four), where the simulated step and
-    the memory model free it here. Fake and meta tensors (a simulated step,
+    to the end of the step on one rank of four; an all-to-all's 256 KB send
+    buffer in benches/trust.py's ResNet), where the simulated step and the
+    memory model free it here. Fake and meta tensors (a simulated step,
     which frees it by reference count at the same point) are left alone."""
     from torch._subclasses.fake_tensor import FakeTensor
 
