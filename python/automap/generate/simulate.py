@@ -122,8 +122,8 @@ class _Timeline:
         self._observe(self.live)
         return record
 
-    def transient(self, nbytes: int) -> None:
-        self._observe(self.live + nbytes)
+    def transient(self, nbytes: int, kernel=None) -> None:
+        self._observe(self.live + nbytes)  # ``kernel``: only the profile keeps it
 
     def _observe(self, live: int) -> None:
         if self.phase in _PHASE_CATEGORY:

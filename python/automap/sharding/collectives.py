@@ -187,7 +187,9 @@ def _flat_all_to_all(x: torch.Tensor, src_dim: int, dst_dim: int, g: AxisGroup) 
 
 
 def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    # The storage objects' identity, not their data pointers (FakeTensors in a
+    # simulated step have none: reading one warns, and will raise).
+    return a.untyped_storage()._cdata == b.untyped_storage()._cdata
 
 
 def _flat_all_reduce(x: torch.Tensor, g: AxisGroup) -> Steps:

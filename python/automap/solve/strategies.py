@@ -17,6 +17,7 @@ from automap.cluster.device import DeviceProfile, resolve_device_profile
 from automap.errors import AutomapError, UnsupportedOpError
 from automap.sharding.layout import layout_path
 from automap.sharding.spec import ShardingSpec, enumerate_specs
+from automap.solve.local_scratch import local_scratch_bytes
 from automap.solve.signatures import Signature, TensorRef, op_family, signature, written_args
 from automap.trace.causal_mask import CAUSAL_MASK
 
@@ -432,14 +433,24 @@ def _activation_memory(options: NodeOptions, ins, outs, prof, mesh, shard_count,
     saved += prof.fwd_tmp_bytes * largest_share
     local_out = np.array([sum(o.nbytes / shard_count(x) for o, x in zip(outs, so))
                           for so in options.out_specs])
-    fwd = prof.fwd_buffer_bytes * largest_share + prof.fwd_out_bytes * out_share
+    def transient(nbytes: int, kernel) -> np.ndarray:
+        # Scaled with the largest operand, but for a kernel whose scratch is not
+        # proportional (``local_scratch``), which is asked at the local shapes.
+        local = None if kernel is None else local_scratch_bytes(
+            kernel, options.in_specs, options.out_specs, options.reductions, ins, outs, mesh.shape)
+        if local is None:
+            return nbytes * largest_share
+        return np.where(np.isnan(local), nbytes * largest_share,
+                        max(0, nbytes - kernel.nbytes) * largest_share + local)
+
+    fwd = transient(prof.fwd_buffer_bytes, prof.fwd_scratch) + prof.fwd_out_bytes * out_share
     param_grads = sum(i.nbytes for (p, _), i in zip(options.inputs, ins) if p in params)
     # Input gradients have the inputs' shapes.
     act = [k for k, (p, _) in enumerate(options.inputs) if p not in params]
     act_full = sum(ins[k].nbytes for k in act)
     act_share = (sum(ins[k].nbytes * in_share[:, k] for k in act) / act_full if act_full
                  else largest_share)
-    bwd = (prof.bwd_tmp_bytes * largest_share
+    bwd = (transient(prof.bwd_tmp_bytes, prof.bwd_scratch)
            + max(0.0, prof.bwd_out_bytes - param_grads) * act_share)
     # A node's own collectives run before (gathering a scattered output's
     # gradient) or after (reducing a partial output, or an input gradient) its

@@ -38,7 +38,7 @@ import json
 import logging
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -101,6 +101,35 @@ class NodeProfile:
     #: by input node: a projection saving the attention output it reads. A plan
     #: that converts one for this node keeps the converted copy as well.
     shared_saved_bytes: dict[str, int] = field(default_factory=dict)
+    #: The kernel scratch inside ``fwd_buffer_bytes`` / ``bwd_tmp_bytes`` (the
+    #: scratch at that window's peak) and the kernel that needed it, where its
+    #: scratch depends on the operands' shapes other than in proportion (oneDNN
+    #: pads channels to blocks: a convolution split 4 ways by input channels
+    #: needs more scratch than the whole one): a sharded plan asks the kernel's
+    #: rule again at its local shapes (``solve/strategies.py``).
+    fwd_scratch: ScratchKernel | None = None
+    bwd_scratch: ScratchKernel | None = None
+
+
+@dataclass(frozen=True)
+class TensorShape:
+    """A kernel operand's shape, strides and dtype (what its scratch rule reads)."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class ScratchKernel:
+    """One kernel call's scratch bytes, its ``rule`` (a ``WORKSPACE`` entry) and
+    its operands: ``args`` and ``out`` with every tensor as a ``TensorShape``."""
+
+    nbytes: int
+    func: Any
+    rule: Callable[[tuple, Any], int]
+    args: tuple
+    out: Any
 
 
 @dataclass(frozen=True)
@@ -161,7 +190,15 @@ class Profile:
 
     def to_dicts(self) -> list[dict[str, Any]]:
         """The per-node table as a list of plain dicts."""
-        return [asdict(n) for n in self.nodes]
+        def plain(node: NodeProfile) -> dict[str, Any]:
+            kernels = {"fwd_scratch": node.fwd_scratch, "bwd_scratch": node.bwd_scratch}
+            row = asdict(replace(node, fwd_scratch=None, bwd_scratch=None))
+            for name, kernel in kernels.items():  # its bytes; the kernel is not data
+                row[name] = None if kernel is None else {"nbytes": kernel.nbytes,
+                                                         "kernel": str(kernel.func)}
+            return row
+
+        return [plain(n) for n in self.nodes]
 
     def summary(self) -> dict[str, Any]:
         """The whole-step numbers as a plain dict."""
@@ -506,6 +543,18 @@ CPU_WORKSPACE: dict[Any, Callable[[tuple, Any], int]] = {
 }
 
 
+#: Kernels whose scratch is not proportional to their operands' bytes (oneDNN's
+#: blocked layouts pad channels), recorded with their operands so that a sharded
+#: plan's scratch is asked at its local shapes.
+SHAPED_SCRATCH = frozenset({_aten.convolution.default, _aten.convolution_backward.default})
+
+
+def _shape_of(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return TensorShape(tuple(value.shape), tuple(value.stride()), value.dtype)
+    return value
+
+
 class TrackStorage(TorchDispatchMode):
     """Reports the storage of every tensor an aten op returns to the recorder, and the
     scratch memory the op's kernel needs on top of it."""
@@ -526,7 +575,9 @@ class TrackStorage(TorchDispatchMode):
                 self.rec.track(leaf)
         workspace = self.workspace.get(func)
         if workspace is not None:
-            self.rec.transient(workspace(args, out))
+            nbytes = workspace(args, out)
+            self.rec.transient(nbytes, ScratchKernel(nbytes, func, workspace, *pytree.tree_map(
+                _shape_of, (args, out))) if func in SHAPED_SCRATCH else None)
         return out
 
 
@@ -565,6 +616,7 @@ class _Recorder:
         self.phase_peak = {FORWARD: 0, BACKWARD: 0, OPTIMIZER: 0}
         self.phase, self.node = FORWARD, ""
         self.window_peak = 0  # peak since the current node (or grad_fn) began
+        self.window_scratch: ScratchKernel | None = None  # a shaped kernel's, at that peak
         self.window: list[tuple[int, _Storage]] = []  # storages made in that window
         self.flops_seen = 0
         self.profiles = {
@@ -597,13 +649,14 @@ class _Recorder:
         self._observe(self.live_bytes)
         return record
 
-    def transient(self, nbytes: int) -> None:
-        """Scratch memory allocated and freed inside the op that just ran."""
-        self._observe(self.live_bytes + nbytes)
+    def transient(self, nbytes: int, kernel: ScratchKernel | None = None) -> None:
+        """Scratch memory allocated and freed inside the op that just ran
+        (``kernel``: that op, where its scratch is not proportional)."""
+        self._observe(self.live_bytes + nbytes, kernel)
 
-    def _observe(self, live_bytes: int) -> None:
+    def _observe(self, live_bytes: int, kernel: ScratchKernel | None = None) -> None:
         if live_bytes > self.window_peak:
-            self.window_peak = live_bytes
+            self.window_peak, self.window_scratch = live_bytes, kernel
         if live_bytes > self.phase_peak[self.phase]:
             self.phase_peak[self.phase] = live_bytes
         if live_bytes > self.peak_bytes:
@@ -649,7 +702,7 @@ class _Recorder:
                 prof.bwd_flops += flops - self.flops_seen
         self.flops_seen = flops
         self.phase, self.node = phase, node
-        self.window_peak = self.live_bytes
+        self.window_peak, self.window_scratch = self.live_bytes, None
         self.window = []
 
     def gradient_bytes(self, params: Iterable[torch.Tensor]) -> int:
@@ -692,6 +745,7 @@ class _Recorder:
                     input_of.setdefault(leaf.untyped_storage()._cdata, name)
         prof.fwd_out_bytes = sum(r.nbytes for r in outs.values())
         prof.fwd_buffer_bytes = self.window_peak - self.live_bytes
+        prof.fwd_scratch = self.window_scratch
         for key, record in self.saved[node].items():
             if record.kind in ("parameters", "buffers"):
                 source = input_of.get(key, record.node)
@@ -744,7 +798,9 @@ class _Recorder:
         prof = self.profiles[node]
         kept = sum(r.nbytes for key, r in self.window if key in self.storages and r.died is None)
         prof.bwd_out_bytes += kept
-        prof.bwd_tmp_bytes = max(prof.bwd_tmp_bytes, self.window_peak - self.live_bytes)
+        if self.window_peak - self.live_bytes > prof.bwd_tmp_bytes:
+            prof.bwd_tmp_bytes = self.window_peak - self.live_bytes
+            prof.bwd_scratch = self.window_scratch
 
     # -- the result --
 
