@@ -474,7 +474,10 @@ def _activation_memory(options: NodeOptions, ins, outs, prof, mesh, shard_count,
                     fwd[s] += raw - prof.fwd_out_bytes * out_share[s]
                     fwd_reduce[s] = 2 * raw + local_out[s]
                     bwd_gather[s] = 2 * raw
-                    bwd[s] += raw
+                    # The gathered gradient replaces the node's own output
+                    # gradient (counted waiting), which autograd frees once the
+                    # gather has read it: before the kernels run.
+                    bwd[s] += raw - local_out[s]
             for k, axes in enumerate(grad_axes):
                 if not axes:
                     continue
