@@ -15,7 +15,8 @@ from torch import nn
 from automap import DeviceMesh, DeviceProfile
 from automap.checkpoint.chain import choice_of_plan
 from automap.planner.search import plan_traced, reprice
-from automap.planner.step_time import deferred_gradients, gradient_buckets, step_time
+from automap.planner.step_time import step_time
+from automap.solve.gradient_buckets import deferred_gradients, gradient_buckets
 from automap.solve.strategies import OPTIMIZER_STEP, build_strategy_table
 from automap.trace.profiling import profile_traced
 from automap.trace.tracing import trace

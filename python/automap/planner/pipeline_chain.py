@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from automap.planner.step_time import deferred_gradients, node_times
+from automap.planner.step_time import node_times
 from automap.solve.depth import instance_repeats
+from automap.solve.gradient_buckets import deferred_gradients
 from automap.solve.linearize import linearize
 from automap.solve.memory import plan_memory, timeline
 from automap.solve.strategies import ShardCounts

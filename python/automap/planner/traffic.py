@@ -17,10 +17,10 @@ from __future__ import annotations
 import math
 
 from automap.planner.plan import Plan
-from automap.planner.step_time import CAST_OP
 from automap.sharding.layout import layout_path
 from automap.sharding.spec import ShardingSpec
 from automap.solve.fsdp import fused_gather
+from automap.solve.gradient_buckets import CAST_OP
 from automap.solve.shared_gradients import plan_readings, shared_gradients
 
 _RING_SHARE = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0, "all_reduce": 2.0}

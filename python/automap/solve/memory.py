@@ -47,6 +47,7 @@ import numpy as np
 
 from automap.sharding.spec import ShardingSpec
 from automap.solve.fsdp import fused_gather
+from automap.solve.gradient_buckets import deferred_gradients, gradient_buckets
 from automap.solve.strategies import ShardCounts
 
 #: Temporaries of an optimizer step, in units of the largest parameter shard
@@ -300,7 +301,39 @@ def plan_memory(table, choice: dict[str, int], line: Timeline,
             continue
         out.buckets[i] += weight.get(consumer, 1.0) * converted_parameter_bucket_bytes(
             table, edge, src, dst, choice[consumer], shard_count)
+    _bucket_as_the_program_does(table, choice, line, weight, shard_count, out.buckets)
     return out
+
+
+def _bucket_as_the_program_does(table, choice, line: Timeline, weight, shard_count,
+                                buckets: np.ndarray) -> None:
+    """``buckets`` (per position) with the deferred data-parallel gradients
+    moved from each reader's backward to where the program copies them: a
+    bucket's flat copy is made once its last gradient is ready and lives to the
+    end of the backward (``generate/grad_sync.py``), one copy of each gradient
+    however many nodes read the parameter. Counted per reader, GPT-2's tied
+    embedding and LM head held two copies of its 2 MiB gradient from the LM
+    head's backward on, 2 MiB over the step inside every layer's backward
+    (the rotor chain's stages with it). The ILP's rows keep the per-reader
+    count, an upper bound."""
+    deferred = deferred_gradients(table, choice)
+    if not deferred:
+        return
+    for producer, o, consumer, k in table.edges():
+        node, i = table.nodes[consumer], line.position.get(consumer)
+        made = table.nodes[producer]
+        if i is None or made.kind != "parameter" or (made.tied_to or producer) not in deferred \
+                or node.reductions is None:
+            continue
+        c = choice[consumer]
+        grads = node.reductions[c][2]
+        if k < len(grads) and grads[k]:  # what ``NodeOptions.bucket_bytes`` counts
+            buckets[i] -= weight.get(consumer, 1.0) * made.outputs[o].nbytes / shard_count(
+                node.in_specs[c][k])
+    found, first_use = gradient_buckets(table, choice, weight)
+    for bucket in found:
+        ready = min(line.position.get(first_use[p], 0) for p in bucket.params)
+        buckets[ready] += bucket.nbytes
 
 
 def converted_parameter_bucket_bytes(table, edge, src: str, dst: str, strategy: int,
@@ -316,8 +349,10 @@ def converted_parameter_bucket_bytes(table, edge, src: str, dst: str, strategy: 
     peak.) Not in the ILP's rows, which keep the larger count: an upper bound."""
     producer, o, consumer, k = edge
     source, node = table.nodes[producer], table.nodes[consumer]
-    if source.kind != "parameter" or source.tied_to is not None \
-            or not source.grad_bytes.any() or node.reductions is None:
+    # A tied placeholder (GPT-2's LM head reading the embedding) holds no
+    # gradient of its own; its reads are bucketed, or not, as the canonical's.
+    trained = table.nodes[source.tied_to] if source.tied_to is not None else source
+    if source.kind != "parameter" or not trained.grad_bytes.any() or node.reductions is None:
         return 0.0
     grads = node.reductions[strategy][2]
     axes = tuple(grads[k]) if k < len(grads) else ()
