@@ -68,3 +68,16 @@ def test_unmeasured_ops_use_the_estimate(monkeypatch):
     monkeypatch.undo()
     with torch.autograd.profiler.profile(profile_memory=True):  # profilers do not nest
         assert kernel_scratch.measured_scratch(op, args, None, lambda a, o: 7) == 7
+
+
+def test_a_measuring_limit_estimates_larger_ops(monkeypatch):
+    """The strategy table asks local shapes within ``measuring_within``: larger
+    ops are estimated, not run (planning time on 3-D meshes)."""
+    op = torch.ops.aten.convolution.default
+    args = (torch.empty(2, 3, 8, 8), torch.empty(4, 3, 3, 3), None, [1, 1], [1, 1], [1, 1],
+            False, [0, 0], 1)
+    monkeypatch.setattr(kernel_scratch, "_measured", {})
+    monkeypatch.setattr(kernel_scratch, "_run", lambda func, args: 5)
+    with kernel_scratch.measuring_within(100):
+        assert kernel_scratch.measured_scratch(op, args, None, lambda a, o: 7) == 7
+    assert kernel_scratch.measured_scratch(op, args, None, lambda a, o: 7) == 5

@@ -20,9 +20,16 @@ import numpy as np
 import torch
 
 from automap.sharding.spec import ShardingSpec
+from automap.trace.kernel_scratch import measuring_within
 from automap.trace.profiling import ScratchKernel, TensorShape
 
 _aten = torch.ops.aten
+
+#: Local operands (and outputs) over this are estimated by the kernel's rule,
+#: not run (``trace/kernel_scratch.py``): a strategy table asks hundreds of
+#: local signatures (ResNet-18, 32 x 224 x 224, on (2, 2, 2): 290), each run
+#: costing a convolution (3.4 s in all, 1.0 s within this limit).
+LOCAL_MEASURE_LIMIT_BYTES = 4 * 2**20
 
 #: Per kernel: which node operand each tensor argument and each tensor output
 #: is (or its gradient), as ("in", k) / ("out", j); None: not an operand.
@@ -60,28 +67,39 @@ def local_scratch_bytes(kernel: ScratchKernel, in_specs, out_specs, reductions, 
                 if operand is None or shapes.get(operand) != value.shape:
                     return None
                 places.append((side, i, operand))
-    cache: dict[tuple, int] = {}
+    signature = (kernel.func, _hashable(kernel.args), _hashable(kernel.out), tuple(mesh_shape))
     out = np.zeros(len(in_specs))
     for s, (ispec, ospec) in enumerate(zip(in_specs, out_specs, strict=True)):
         specs = {("in", k): x for k, x in enumerate(ispec)}
         specs.update({("out", j): x for j, x in enumerate(ospec)})
-        key = tuple(specs.get(operand) for _, _, operand in places)
-        if key not in cache:
+        partial, scatter = reductions[s][:2] if reductions is not None else ((), None)
+        raw = (scatter, math.prod(mesh_shape[a] for a in partial)) \
+            if partial and scatter is not None else None
+        key = (signature, raw, *(specs.get(operand) for _, _, operand in places))
+        if key not in _answers:
             local = [list(values[0]), list(values[1])]
-            partial, scatter = reductions[s][:2] if reductions is not None else ((), None)
-            raw = (scatter, math.prod(mesh_shape[a] for a in partial)) \
-                if partial and scatter is not None else None
             for side, i, operand in places:
                 local[side][i] = _local(values[side][i], specs.get(operand), mesh_shape,
                                         raw if operand[0] == "out" else None)
             args = tuple(_meta(a) for a in local[0])
             results = [_meta(o) for o in local[1]]
             try:
-                cache[key] = kernel.rule(args, results[0] if single else tuple(results))
+                with measuring_within(LOCAL_MEASURE_LIMIT_BYTES):
+                    _answers[key] = kernel.rule(args, results[0] if single else tuple(results))
             except RuntimeError:  # local shapes the kernel refuses: NaN, scale instead
-                cache[key] = math.nan
-        out[s] = cache[key]
+                _answers[key] = math.nan
+        out[s] = _answers[key]
     return out
+
+
+#: Answers per (kernel signature, mesh, local specs): repeated blocks ask the same.
+_answers: dict[tuple, float] = {}
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    return value
 
 
 def _local(t: TensorShape, spec: str | None, mesh_shape, raw=None) -> TensorShape:

@@ -12,7 +12,8 @@ outputs (what a FakeTensor sees)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -27,6 +28,20 @@ from automap.trace.allocator_events import allocation_peak_bytes
 MEASURE_LIMIT_BYTES = 256 * 2**20
 
 _measured: dict[tuple, int] = {}
+_limits: list[int] = []  # of the ``measuring_within`` blocks open
+
+
+@contextlib.contextmanager
+def measuring_within(limit_bytes: int) -> Iterator[None]:
+    """Within, ops whose real operands and outputs exceed ``limit_bytes`` are
+    not run but estimated (the strategy table asks every strategy's local
+    shapes: hundreds of signatures on a 3-D mesh, each run costing its
+    convolution's time)."""
+    _limits.append(limit_bytes)
+    try:
+        yield
+    finally:
+        _limits.pop()
 
 
 def measured_scratch(func: Any, args: tuple, out: Any,
@@ -37,7 +52,7 @@ def measured_scratch(func: Any, args: tuple, out: Any,
     measured (operands over ``MEASURE_LIMIT_BYTES``, or a profiler already
     running, which cannot be nested)."""
     tensors = [a for a in pytree.tree_leaves((args, out)) if isinstance(a, torch.Tensor)]
-    if (sum(t.numel() * t.element_size() for t in tensors) > MEASURE_LIMIT_BYTES
+    if (sum(t.numel() * t.element_size() for t in tensors) > min([MEASURE_LIMIT_BYTES, *_limits])
             or torch._C._autograd._profiler_enabled()):
         return estimate(args, out)
     key = (func, torch.get_num_threads(), torch.backends.mkldnn.enabled,
