@@ -106,7 +106,7 @@ class NodeProfile:
     #: scratch depends on the operands' shapes other than in proportion (oneDNN
     #: pads channels to blocks: a convolution split 4 ways by input channels
     #: needs more scratch than the whole one): a sharded plan asks the kernel's
-    #: rule again at its local shapes (``solve/strategies.py``).
+    #: rule again at its local shapes (``solve/local_scratch.py``).
     fwd_scratch: ScratchKernel | None = None
     bwd_scratch: ScratchKernel | None = None
 
