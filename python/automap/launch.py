@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -51,6 +52,7 @@ def _worker(rank, world_size, port, timeout_s, fn, args, result_dir, environ):
     import torch
 
     torch.set_num_threads(1)
+    _thread_lock_for_progress_bars()
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
@@ -81,6 +83,19 @@ def _worker(rank, world_size, port, timeout_s, fn, args, result_dir, environ):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+def _thread_lock_for_progress_bars() -> None:
+    """torch.fx's Interpreter opens a (disabled) tqdm bar per run, and tqdm's
+    first bar makes a multiprocessing lock: a named semaphore that a rank,
+    leaving by ``os._exit``, never unlinks ("There appear to be 1 leaked
+    semaphore objects" when the launcher exits). A rank draws no bars from
+    several processes: a thread lock serves."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())
 
 
 def run_on_gloo(fn, world_size: int, *args, timeout_s: float = 300.0) -> list:
