@@ -439,15 +439,16 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                             node_weight, edge_weight, blocks, stacks, device, optimizer,
                             trace_s, t1 - t0, checkpoint, estimate)
 
-        def search(budget, mode=checkpointing, fresh=False):
+        def search(budget, mode=checkpointing, fresh=False, steps=ladder_steps):
             """The model-based search at ``budget``; ``fresh``: on an ILP of its own, a
             function of the budget alone (where the least budget an error names is
-            found, so that a later call at that budget finds the same plan)."""
+            found, so that a later call at that budget finds the same plan);
+            ``steps``: the two-stage ladder's grid rungs."""
             instance = make_ilp() if fresh else ilp
             if budget is None or mode == "off":
                 return package(solver(instance)(budget))
             return _two_stage(traced, profile, options, budget, solver(instance), instance,
-                              package, mode, ladder_alpha, ladder_steps, repeats, leanest)
+                              package, mode, ladder_alpha, steps, repeats, leanest)
 
         return search, ilp
 
@@ -526,10 +527,11 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
             found is not None and memory_budget_bytes is not None
             and _state_bytes(whole, node_weight) > memory_budget_bytes):
         search_whole, ilp_whole = searcher(whole)
-        # "auto" without a second ladder (within a budget: one more ILP).
+        # "auto" without a second ladder (within a budget: one more ILP)...
         mode = "off" if checkpointing == "auto" else checkpointing
-        if found is None or memory_budget_bytes is None or \
-                ilp_whole.could_fit(memory_budget_bytes):
+        fits = found is None or memory_budget_bytes is None or \
+            ilp_whole.could_fit(memory_budget_bytes)
+        if fits:
             try:
                 found = verified(lambda b, fresh=False: search_whole(b, mode, fresh),
                                  simulated if found is None else faster_than(found),
@@ -538,6 +540,22 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
             except InfeasibleBudgetError as err:
                 failures.append(err)
             except _NotFaster:
+                pass
+        # ... and, where no whole plan fits without checkpointing, its top rung:
+        # the fastest whole plan checkpointed into the budget (data parallelism
+        # with recomputation, which the ILP's unhidden per-parameter all-reduces
+        # keep off the first ladder on slow links: benches/vs_torch.py's GPT-2
+        # within 0.8 of DDP's peak, links of 9.6 ms, planned sharded with one
+        # block, 1.58x DDP's step measured, where data parallel with one block
+        # ran at 1.04x).
+        if whole_s is None and found is not None and checkpointing == "auto" \
+                and memory_budget_bytes is not None:
+            try:
+                found = verified(
+                    lambda b, fresh=False: search_whole(b, "auto", fresh, steps=1),
+                    faster_than(found), memory_budget_bytes)
+                whole_s = found.predicted_step_s
+            except (InfeasibleBudgetError, _NotFaster):
                 pass
     if found is None:
         raise min(failures, key=lambda e: e.smallest_feasible_budget_bytes or math.inf)
