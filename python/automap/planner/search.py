@@ -529,18 +529,19 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         search_whole, ilp_whole = searcher(whole)
         # "auto" without a second ladder (within a budget: one more ILP)...
         mode = "off" if checkpointing == "auto" else checkpointing
-        fits = found is None or memory_budget_bytes is None or \
-            ilp_whole.could_fit(memory_budget_bytes)
-        if fits:
+        plain_fits = False
+        if found is None or memory_budget_bytes is None or \
+                ilp_whole.could_fit(memory_budget_bytes):
             try:
                 found = verified(lambda b, fresh=False: search_whole(b, mode, fresh),
                                  simulated if found is None else faster_than(found),
                                  memory_budget_bytes)
                 whole_s = found.predicted_step_s
+                plain_fits = True
             except InfeasibleBudgetError as err:
                 failures.append(err)
             except _NotFaster:
-                pass
+                plain_fits = True
         # ... and, where no whole plan fits without checkpointing, its top rung:
         # the fastest whole plan checkpointed into the budget (data parallelism
         # with recomputation, which the ILP's unhidden per-parameter all-reduces
@@ -548,7 +549,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         # within 0.8 of DDP's peak, links of 9.6 ms, planned sharded with one
         # block, 1.58x DDP's step measured, where data parallel with one block
         # ran at 1.04x).
-        if whole_s is None and found is not None and checkpointing == "auto" \
+        if not plain_fits and found is not None and checkpointing == "auto" \
                 and memory_budget_bytes is not None:
             try:
                 found = verified(

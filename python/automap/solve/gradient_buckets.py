@@ -81,14 +81,16 @@ class Bucket:
     nbytes: float = 0.0
 
 
-def gradient_buckets(table, choice, node_weight=None, bucket_bytes: int = DEFAULT_BUCKET_BYTES
-                     ) -> tuple[list[Bucket], dict[str, str]]:
+def gradient_buckets(table, choice, node_weight=None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                     deferred: dict | None = None) -> tuple[list[Bucket], dict[str, str]]:
     """The buckets ``GradientSync`` fills for the deferred gradients (reverse
-    order of first use, one open bucket per set of axes), and each deferred
+    order of first use, one open bucket per set of axes; ``deferred``:
+    ``deferred_gradients`` where the caller has it), and each deferred
     parameter's first consumer (its gradient is ready when the backward has
     passed it)."""
     node_weight = node_weight or {}
-    deferred = deferred_gradients(table, choice)
+    if deferred is None:
+        deferred = deferred_gradients(table, choice)
     first_use: dict[str, str] = {}
     for producer, _, consumer, _ in table.edges():
         param = table.nodes[producer].tied_to or producer

@@ -67,7 +67,8 @@ def local_scratch_bytes(kernel: ScratchKernel, in_specs, out_specs, reductions, 
                 if operand is None or shapes.get(operand) != value.shape:
                     return None
                 places.append((side, i, operand))
-    signature = (kernel.func, _hashable(kernel.args), _hashable(kernel.out), tuple(mesh_shape))
+    signature = (kernel.func, _hashable(kernel.args), _hashable(kernel.out), tuple(mesh_shape),
+                 torch.get_num_threads(), torch.backends.mkldnn.enabled)  # as measured
     out = np.zeros(len(in_specs))
     for s, (ispec, ospec) in enumerate(zip(in_specs, out_specs, strict=True)):
         specs = {("in", k): x for k, x in enumerate(ispec)}

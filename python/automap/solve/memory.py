@@ -330,7 +330,7 @@ def _bucket_as_the_program_does(table, choice, line: Timeline, weight, shard_cou
         if k < len(grads) and grads[k]:  # what ``NodeOptions.bucket_bytes`` counts
             buckets[i] -= weight.get(consumer, 1.0) * made.outputs[o].nbytes / shard_count(
                 node.in_specs[c][k])
-    found, first_use = gradient_buckets(table, choice, weight)
+    found, first_use = gradient_buckets(table, choice, weight, deferred=deferred)
     for bucket in found:
         ready = min(line.position.get(first_use[p], 0) for p in bucket.params)
         buckets[ready] += bucket.nbytes

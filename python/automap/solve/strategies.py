@@ -433,6 +433,7 @@ def _activation_memory(options: NodeOptions, ins, outs, prof, mesh, shard_count,
     saved += prof.fwd_tmp_bytes * largest_share
     local_out = np.array([sum(o.nbytes / shard_count(x) for o, x in zip(outs, so))
                           for so in options.out_specs])
+
     def transient(nbytes: int, kernel) -> np.ndarray:
         # Scaled with the largest operand, but for a kernel whose scratch is not
         # proportional (``local_scratch``), which is asked at the local shapes.
