@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from automap import DeviceMesh, DeviceProfile
+from automap import DeviceMesh, DeviceProfile, InfeasibleBudgetError
 from automap.cli.demo import TinyGPT2
 from automap.planner.search import plan_traced
 from automap.solve.strategies import parameters_whole, restricted
@@ -113,3 +113,37 @@ def test_within_a_budget_whole_parameters_are_checkpointed_too():
     assert _stored_whole(found) and found.checkpoint is not None
     assert found.solver["compared_step_s"]["parameters whole"] == found.predicted_step_s
     assert found.predicted_step_s < found.solver["compared_step_s"]["searched"]
+
+
+def test_the_top_rung_alone_runs_no_least_budget_lp(monkeypatch):
+    """The whole family's checkpointed top rung (above) climbs its rungs and
+    stops: no plan of least memory and no rung over the LP's least bound, both
+    of which cost the least-budget LP of a fresh instance (on GPT-2 small
+    (2,2,2) at 0.5x that LP took the row from 12 to 37 s for no plan); the
+    error it raises then names no least."""
+    from automap.planner import search as searching
+
+    monkeypatch.setattr(searching, "_checkpoint", lambda *args: (None, None))
+
+    class Plain:  # an intra-op plan over every budget below, unable to checkpoint
+        peak_memory_bytes = 100.0
+
+    class Instance:
+        def could_fit(self, budget):
+            return budget >= 50.0
+
+        def least_bound_bytes(self):
+            raise AssertionError("the least-budget LP ran")
+
+    def leanest():
+        raise AssertionError("the plan of least memory was searched")
+
+    def two_stage(leanest_plan):
+        return searching._two_stage(None, None, None, 60.0, lambda b, find_least=True: Plain(),
+                                    Instance(), None, "auto", 0.1, 1, None, leanest_plan)
+
+    with pytest.raises(InfeasibleBudgetError) as err:
+        two_stage(None)
+    assert err.value.smallest_feasible_budget_bytes is None
+    with pytest.raises(AssertionError, match="least-budget LP"):
+        two_stage(leanest)  # the full ladder does fall back to both

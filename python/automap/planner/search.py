@@ -439,16 +439,20 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                             node_weight, edge_weight, blocks, stacks, device, optimizer,
                             trace_s, t1 - t0, checkpoint, estimate)
 
-        def search(budget, mode=checkpointing, fresh=False, steps=ladder_steps):
+        def search(budget, mode=checkpointing, fresh=False, steps=ladder_steps,
+                   least=True):
             """The model-based search at ``budget``; ``fresh``: on an ILP of its own, a
             function of the budget alone (where the least budget an error names is
             found, so that a later call at that budget finds the same plan);
-            ``steps``: the two-stage ladder's grid rungs."""
+            ``steps``: the two-stage ladder's grid rungs; ``least``: where no rung
+            fits, fall back to the plan of least memory (and name the least budget),
+            else fail without naming one."""
             instance = make_ilp() if fresh else ilp
             if budget is None or mode == "off":
                 return package(solver(instance)(budget))
             return _two_stage(traced, profile, options, budget, solver(instance), instance,
-                              package, mode, ladder_alpha, steps, repeats, leanest)
+                              package, mode, ladder_alpha, steps, repeats,
+                              leanest if least else None)
 
         return search, ilp
 
@@ -552,8 +556,13 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         if not plain_fits and found is not None and checkpointing == "auto" \
                 and memory_budget_bytes is not None:
             try:
+                # Only the top rung: its least-memory fallback (the least-budget
+                # LP of a fresh instance, 22 s of 37 on GPT-2 small (2,2,2) at
+                # 0.5x) would be the leaner plans the first search has already
+                # searched.
                 found = verified(
-                    lambda b, fresh=False: search_whole(b, "auto", fresh, steps=1),
+                    lambda b, fresh=False: search_whole(b, "auto", fresh, steps=1,
+                                                        least=False),
                     faster_than(found), memory_budget_bytes)
                 whole_s = found.predicted_step_s
             except (InfeasibleBudgetError, _NotFaster):
@@ -690,7 +699,9 @@ def _two_stage(traced, profile, table, budget, solve, instance, package, checkpo
     by the budget. When nothing fits, the error names the least budget of the
     plans climbed and the memory-minimal plan, each checkpointed as far as it
     goes: a property of the model, the mesh (its links too: the rungs' plans are
-    the fastest within them) and the options, not of the budget asked for."""
+    the fastest within them) and the options, not of the budget asked for.
+    ``leanest_plan`` None: neither that fallback nor the rung above the LP's
+    least bound (both cost the least-budget LP); the error then names no least."""
     fastest = solve(None)
     if fastest.peak_memory_bytes <= budget:
         return package(fastest)
@@ -735,7 +746,7 @@ def _two_stage(traced, profile, table, budget, solve, instance, package, checkpo
 
     for rung in [*rungs[_lowest_fitting(rungs, could_fit):], None]:
         climb(rung)
-    if best is None and rungs:
+    if best is None and rungs and leanest_plan is not None:
         # Rungs under the least-budget LP's bound plan nothing: where none of
         # the others fits either, one more just above the bound (GPT-3 76B on
         # 2x8 with slow links at 80 GiB: the rungs under its plain least of
@@ -751,6 +762,10 @@ def _two_stage(traced, profile, table, budget, solve, instance, package, checkpo
             f"the fastest plan, checkpointed, does not fit a memory budget of {budget:.4g} "
             f"bytes per device; the smallest feasible budget is about {least:.4g} bytes "
             f"({_size(least)}). Raise the budget, or use checkpointing='auto'.", int(least))
+    if best is None and leanest_plan is None:
+        raise InfeasibleBudgetError(
+            f"no rung of the ladder fits a memory budget of {budget:.4g} bytes per device",
+            None)
     if best is None:
         # The memory-minimal intra-op plans, checkpointed, fit where no rung does.
         leanest, plain_least = leanest_plan()
