@@ -4,6 +4,7 @@ other plans and train on."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -22,6 +23,14 @@ from speeds import FAST, speeds
 BEFORE, AFTER = 2, 2
 
 
+def _axis_1_outermost(table, node) -> np.ndarray:
+    """Parameters split over both axes of (2,2) only with axis 1 outermost (the
+    strided placements this test is about; ``S01`` and ``S10`` cost the same, and
+    which the solver picks moved with unrelated pricing changes)."""
+    return np.array([node.kind != "parameter" or not any("01" in s for s in outs)
+                     for outs in node.out_specs])
+
+
 def plans(model, inputs, loss_fn) -> dict[str, Plan]:
     """The saving plan (2,2) under a tight budget (it splits the MLP weights over
     both axes, axis 1 outermost: ``S10R``, ``RS10``), the same mesh's unconstrained
@@ -29,7 +38,8 @@ def plans(model, inputs, loss_fn) -> dict[str, Plan]:
     embedding, Megatron layers)."""
     loose = solve_plan(model, inputs, DeviceMesh((2, 2)), loss_fn=loss_fn, **FAST)
     tight = solve_plan(model, inputs, DeviceMesh((2, 2)), loss_fn=loss_fn, checkpointing="off",
-                       memory_budget_bytes=0.6 * loose.predicted_peak_memory_bytes, **FAST)
+                       memory_budget_bytes=0.6 * loose.predicted_peak_memory_bytes,
+                       strategy_filter=_axis_1_outermost, **FAST)
     flat = solve_plan(model, inputs, DeviceMesh((4,)), loss_fn=loss_fn, **speeds(1e6))
     return {"save_2x2_tight": tight, "load_2x2_loose": loose, "load_4": flat}
 

@@ -92,3 +92,33 @@ def test_the_ilp_objective_counts_the_shared_all_reduce_once():
     # shared all-reduce priced once it equals the packaged plan's sequential time.
     assert abs(plan.solver["objective_s"] - plan.step_time["sequential_s"]) <= \
         1e-6 * plan.step_time["sequential_s"] + 1e-9
+
+
+def test_a_tied_weights_readers_share_one_all_reduce_in_the_search():
+    """A parameter read by several nodes is one tensor too: GPT-2's tied
+    embedding, read by the token lookup and the LM head, each leaving its
+    gradient partial over the batch axis, is all-reduced once (in a bucket).
+    Priced per reader, the batch-split lookup looked an all-reduce dearer than
+    a replicated one followed by a split, so on 2 ranks with slow links the
+    plan computed the lookup on the whole batch, all-gathered its gradient
+    in the backward and all-reduced the head's share of the weight's gradient
+    on its own, out of the buckets (profiled: 54 ms of blocking all-reduce per
+    step); now the lookup is batch-split and the weight bucketed."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from automap import plan
+    from automap.solve.shared_gradients import plan_readings, shared_gradients
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=2048, n_positions=256,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                     eos_token_id=0)
+    ids = torch.randint(0, 2048, (8, 256), generator=torch.Generator().manual_seed(1))
+    mesh = DeviceMesh((2,), alpha_s=5e-3, bandwidth_bytes_per_s=5e8, backend="gloo")
+    found = plan(GPT2LMHeadModel(cfg), {"input_ids": ids, "labels": ids}, mesh,
+                 flops_per_s=3e10, memory_bandwidth_bytes_per_s=2e10, op_overhead_s=1e-5)
+    lookup = found.nodes["embedding"]
+    assert lookup.inputs == ["RR", "S0R"] and lookup.grad_reduce_axes[0] == [0]
+    tied = [g for g in shared_gradients(plan_readings(found), lambda s: 2 if "S" in s else 1)
+            if found.nodes[g.producer].kind == "parameter"]
+    assert [sorted(c for c, _ in g.readers) for g in tied] == [["embedding", "linear"]]

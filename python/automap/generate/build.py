@@ -225,11 +225,11 @@ class _Pass:
 
     def reduce_grad(self, source: fx.Node, value: fx.Node, axes) -> fx.Node:
         """``value`` (``source`` as a node reads it) wrapped so that its gradient is
-        all-reduced over ``axes``; readers of an activation as produced share one
-        wrap, so their partial gradients are summed before one all-reduce."""
+        all-reduced over ``axes``; readers of a tensor as produced (or stored: a
+        parameter) share one wrap, so their partial gradients are summed before
+        one all-reduce."""
         key = (source.name, tuple(axes))
-        if not axes or value is not self.env[source.name] \
-                or self.traced.state_of(source.name) is not None:
+        if not axes or value is not self.env[source.name]:
             return self.em.reduce_grad(value, axes)
         if key not in self.shared_grad:
             self.shared_grad[key] = self.em.reduce_grad(value, axes)

@@ -63,9 +63,15 @@ class StepTime:
 def shared_gradient_savings(table, choice) -> dict[str, float]:
     """Per node, the seconds of gradient all-reduce its strategy prices that
     another reader of the same activation runs for it (the readers after the
-    first of each ``solve/shared_gradients.py`` group)."""
+    first of each ``solve/shared_gradients.py`` group). A parameter's group whose
+    all-reduce a bucket runs is left out: those readers' all-reduces are taken
+    out whole (``node_times``) and priced in the buckets."""
     saved: dict[str, float] = {}
+    bucketed = {producer for _, _, producers in deferred_with_readers(table, choice).values()
+                for producer in producers}
     for group in table_shared_gradients(table, choice):
+        if group.producer in bucketed:
+            continue
         cost = table.mesh.all_reduce_cost_s(group.local_bytes, group.axes)
         for consumer, _ in group.readers[1:]:
             saved[consumer] = saved.get(consumer, 0.0) + cost

@@ -47,7 +47,7 @@ from automap.solve.memory import (
     waiting_gradient_bytes,
 )
 from automap.solve.reduce import groups
-from automap.solve.shared_gradients import STATE_KINDS
+from automap.solve.shared_gradients import UNSHARED_KINDS
 from automap.solve.strategies import ShardCounts, StrategyTable
 
 log = logging.getLogger(__name__)
@@ -930,7 +930,7 @@ def _memory_unit(floor_bytes: float, budget: float | None) -> float:
 
 
 def _shared_gradient_terms(b: _Builder, table: StrategyTable, root, index, cols, nw) -> None:
-    """Take back the gradient all-reduces that readers of one activation share
+    """Take back the gradient all-reduces that readers of one tensor share
     (``solve/shared_gradients.py``): each reader's strategy prices its own. Per
     produced tensor, spec t and mesh axes A read by several readers: per reader a
     variable f <= [it reads t reducing over A] and f <= [the producer makes t],
@@ -940,7 +940,7 @@ def _shared_gradient_terms(b: _Builder, table: StrategyTable, root, index, cols,
     shard_count = ShardCounts(table.mesh)
     readers: dict[tuple[str, int], list[tuple[str, int]]] = {}
     for producer, o, consumer, k in table.edges():
-        if nodes[producer].kind not in STATE_KINDS and nodes[consumer].reductions is not None:
+        if nodes[producer].kind not in UNSHARED_KINDS and nodes[consumer].reductions is not None:
             readers.setdefault((producer, o), []).append((consumer, k))
 
     def at_most(f: int, node: str, columns: np.ndarray) -> bool:

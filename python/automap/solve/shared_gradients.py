@@ -1,17 +1,20 @@
 """Gradient reductions shared by the readers of one tensor.
 
-When several nodes read one activation as it was produced (no layout
+When several nodes read one tensor as it was produced or stored (no layout
 conversion on their edges) and each leaves that input's gradient partial over
 the same mesh axes (q, k and v projections of one replicated hidden state,
-split over the tensor-parallel axis), the generated program sums the partial
+split over the tensor-parallel axis; a tied embedding read by the lookup and
+the LM head with the batch split), the generated program sums the partial
 gradients locally and all-reduces the sum once (Megatron's ``f`` operator):
 ``generate/build.py`` wraps the tensor once for all of them. Each strategy's
 ``backward_comm_s`` prices its own all-reduce, so a plan's time counts
 ``readers - 1`` all-reduces too many; the ILP (``solve/ilp.py``) and the step
 time (``planner/step_time.py``) take them back with this module's groups.
 
-Parameters are left out: their gradients go to the data-parallel buckets
-(``generate/grad_sync.py``) or stay per use."""
+A parameter's group runs as one wrap too; where every read of the parameter
+is in one group, the wrap's all-reduce goes to the data-parallel buckets
+(``generate/grad_sync.py``), which the step time prices on their own
+(``step_time.shared_gradient_savings`` leaves those groups out)."""
 
 from __future__ import annotations
 
@@ -21,8 +24,8 @@ from dataclasses import dataclass
 
 from automap.solve.strategies import ShardCounts, StrategyTable
 
-#: Node kinds whose outputs are state (their gradients are synchronised elsewhere).
-STATE_KINDS = frozenset({"parameter", "buffer"})
+#: Node kinds whose readers' gradient reductions are never shared (no gradient).
+UNSHARED_KINDS = frozenset({"buffer"})
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class Reading:
     dst: str
     grad_axes: tuple[int, ...]
     nbytes: float  # the whole tensor
-    from_state: bool
+    from_state: bool  # a buffer's (no gradient to share)
 
 
 def shared_gradients(readings: Iterable[Reading], shard_count) -> list[SharedGradient]:
@@ -86,7 +89,7 @@ def table_readings(table: StrategyTable, choice: dict[str, int]) -> list[Reading
         out.append(Reading(producer, o, consumer, k, p.out_specs[choice[producer]][o],
                            c.in_specs[choice[consumer]][k],
                            tuple(grads[k]) if k < len(grads) else (),
-                           float(p.outputs[o].nbytes), p.kind in STATE_KINDS))
+                           float(p.outputs[o].nbytes), p.kind in UNSHARED_KINDS))
     return out
 
 
@@ -103,5 +106,5 @@ def plan_readings(plan) -> list[Reading]:
         out.append(Reading(e.producer, e.output_index, e.consumer, e.input_index, e.src, e.dst,
                            tuple(grads[e.input_index]) if e.input_index < len(grads) else (),
                            float(math.prod(e.shape) * e.dtype_bytes),
-                           plan.nodes[e.producer].kind in STATE_KINDS))
+                           plan.nodes[e.producer].kind in UNSHARED_KINDS))
     return out
