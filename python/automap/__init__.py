@@ -27,6 +27,7 @@ from automap.errors import (
     SolverTimeLimitError,
     StalePlanError,
     TraceError,
+    TrainingModeError,
     UnsupportedFunctionError,
     UnsupportedOpError,
 )
@@ -125,6 +126,7 @@ __all__ = [
     "InfeasibleBudgetError",
     "InfeasiblePlanError",
     "InputMismatchError",
+    "TrainingModeError",
     "InvalidArgumentError",
     "InvalidChainError",
     "InvalidCostModelError",

@@ -4,6 +4,7 @@ inside an initialised torch.distributed process group, one process per device.""
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -97,7 +98,7 @@ def autoparallelize(
     (planning on the leader included), then raises ``DistributedError`` naming
     what did not answer.
     """
-    from automap.planner.checks import check_budget, check_optimizer
+    from automap.planner.checks import check_budget, check_optimizer, check_trainable
     from automap.planner.search import candidate_meshes, plan_best
     from automap.trace.profiling import profile_traced
 
@@ -109,6 +110,8 @@ def autoparallelize(
                            TracedGraph]:
         budget = check_budget(memory_budget_bytes)
         check_optimizer(optimizer)
+        check_trainable(model)
+        _check_plan_options(plan_options)
         if plan is not None and not isinstance(plan, Plan):
             raise InvalidArgumentError(f"plan must be None or an automap.Plan, got "
                                        f"{type(plan).__name__}")
@@ -199,6 +202,21 @@ def apply(plan: Plan, model: nn.Module, example_inputs: Any = None, *,
         return _generate_pipeline(channel, plan, model, dev, local_inputs, seed, inputs,
                                   loss_fn, setting)
     return _generate(channel, traced, plan, model, dev, local_inputs, seed)
+
+
+def _check_plan_options(plan_options: dict) -> None:
+    """``autoparallelize``'s extra keywords are ``automap.plan``'s options (those
+    it does not take itself; not ``reduce_depth``, whose plans are estimates that
+    are not generated): anything else is refused on every rank before tracing."""
+    from automap.planner.search import plan as plan_model
+
+    known = (set(inspect.signature(plan_model).parameters)
+             - set(inspect.signature(autoparallelize).parameters) - {"reduce_depth"})
+    unknown = sorted(set(plan_options) - known)
+    if unknown:
+        raise InvalidArgumentError(
+            f"autoparallelize got unknown option(s) {unknown}; its other keywords go to "
+            f"automap.plan: {sorted(known)}")
 
 
 def _device_speeds(plan_options: dict, known: dict | None, device: torch.device,

@@ -89,6 +89,11 @@ class InputMismatchError(AutomapError, ValueError):
     dtype from those the plan was made for."""
 
 
+class TrainingModeError(AutomapError, RuntimeError):
+    """``.train(mode)`` / ``.eval()`` on a generated module whose graph was traced
+    in the other mode (dropout and batch norm are part of the graph)."""
+
+
 class DistributedError(AutomapError, RuntimeError):
     """A failure of the process group during planning or setup: another rank
     failed (its error class and message are in this one's) or did not answer

@@ -36,6 +36,9 @@ def errors_reach_every_rank(rank: int, world: int) -> dict:
     # with the smallest feasible budget.
     out["planning"] = _outcome(lambda: automap.autoparallelize(
         model, inputs, memory_budget_bytes=1000, loss_fn=loss_fn, flops_per_s=1e6))
+    # An option automap.plan does not take: refused on every rank before tracing.
+    out["unknown_option"] = _outcome(lambda: automap.autoparallelize(
+        model, inputs, loss_fn=loss_fn, flops_per_s=1e6, nonsense_option=1))
     # No optimizer state (optimizer=None) plans and trains.
     module = automap.autoparallelize(model, inputs, loss_fn=loss_fn, optimizer=None,
                                      flops_per_s=1e6)
@@ -46,6 +49,16 @@ def errors_reach_every_rank(rank: int, world: int) -> dict:
     out["dtype"] = _outcome(lambda: module(inputs[0].double()))
     out["extra"] = _outcome(lambda: module(inputs[0], inputs[0]))
     out["keyword"] = _outcome(lambda: module(inputs[0], mask=inputs[0]))
+    # An input that requires a gradient (the program returns none for inputs);
+    # without autograd it is only data.
+    wanting = inputs[0].clone().requires_grad_()
+    out["requires_grad"] = _outcome(lambda: module(wanting))
+    with torch.no_grad():
+        out["no_grad_loss"] = module(wanting).item()
+    # The mode the graph was traced in cannot be switched: eval() would silently run
+    # the training graph; train() (the traced mode) is a no-op.
+    out["eval"] = _outcome(module.eval)
+    out["training"] = module.train().training
     out["still_trains"] = module(*inputs).item()
     return out
 

@@ -1,7 +1,8 @@
 """Setup on several ranks fails together and in bounded time: an error on one
 rank (an argument, planning on the leader) is raised on every rank as the same
 typed error; a stopped rank (SIGSTOP) is reported by the others within the
-setup timeout; a generated module refuses inputs the plan was not made for."""
+setup timeout; a generated module refuses inputs the plan was not made for,
+inputs that require a gradient, and a switch to the mode it was not traced in."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def test_errors_reach_every_rank_as_the_same_typed_error():
         assert r["argument"]["class"] == "InvalidArgumentError"
         assert "memory_budget_bytes" in r["argument"]["message"]
         assert "-1.0" in r["argument"]["message"]
+        assert r["unknown_option"]["class"] == "InvalidArgumentError", r["unknown_option"]
+        assert "nonsense_option" in r["unknown_option"]["message"]
         assert r["planning"]["class"] == "InfeasibleBudgetError"
         assert r["planning"]["least"] > 1000
         assert r["no_optimizer_loss"] == pytest.approx(results[0]["no_optimizer_loss"])
@@ -28,6 +31,12 @@ def test_errors_reach_every_rank_as_the_same_typed_error():
                             ("extra", "positional"), ("keyword", "keyword inputs")):
             assert r[key]["class"] == "InputMismatchError", (key, r[key])
             assert needle in r[key]["message"], (key, r[key]["message"])
+        assert r["requires_grad"]["class"] == "InputMismatchError", r["requires_grad"]
+        assert "requires a gradient" in r["requires_grad"]["message"]
+        assert r["no_grad_loss"] == pytest.approx(r["no_optimizer_loss"])
+        assert r["eval"]["class"] == "TrainingModeError", r["eval"]
+        assert "traced in training mode" in r["eval"]["message"]
+        assert r["training"] is True
         assert r["still_trains"] == pytest.approx(r["no_optimizer_loss"])
     # The same error on both ranks: rank 0 did not fail itself, it raised rank 1's.
     assert results[0]["argument"]["message"] == results[1]["argument"]["message"]

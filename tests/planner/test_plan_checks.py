@@ -122,6 +122,26 @@ def test_planning_arguments_are_checked_first(case):
             automap.plan(model, (x,), mesh, loss_fn=_loss, **kwargs)
 
 
+def test_what_cannot_be_trained_is_a_typed_error(case, tmp_path):
+    """Found by a sweep as a new user: a loss that is no scalar, a model with
+    nothing to train, a mesh string naming no file and a binary plan file raised
+    torch's or Python's own errors from deep inside planning."""
+    model, x, mesh, _, _ = case
+    for loss_fn, needle in [(lambda out: out.pow(2), r"shape \[8, 8\]"),
+                            (lambda out: 3, "int")]:
+        with pytest.raises(automap.TraceError, match="floating-point scalar") as err:
+            automap.plan(model, (x,), mesh, loss_fn=loss_fn, flops_per_s=1e6)
+        assert err.match(needle)
+    with pytest.raises(InvalidArgumentError, match="nothing to train"):
+        automap.plan(nn.ReLU(), (x,), mesh, loss_fn=_loss, flops_per_s=1e6)
+    with pytest.raises(automap.InvalidMeshError, match="path to a cluster JSON"):
+        automap.plan(model, (x,), "2x2", loss_fn=_loss, flops_per_s=1e6)
+    binary = tmp_path / "plan.json"
+    binary.write_bytes(bytes(range(256)))
+    with pytest.raises(InvalidPlanError, match="not UTF-8"):
+        Plan.from_json(str(binary))
+
+
 def test_no_optimizer_state_is_a_valid_plan(case):
     model, x, mesh, p, _ = case
     none = automap.plan(model, (x,), mesh, loss_fn=_loss, flops_per_s=1e6, optimizer=None)

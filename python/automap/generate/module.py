@@ -10,7 +10,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import fx, nn
 
-from automap.errors import InputMismatchError
+from automap.errors import InputMismatchError, TrainingModeError
 from automap.generate.state import StateShard
 from automap.sharding.layout import layout_path
 from automap.sharding.process_groups import MeshProcessGroups
@@ -26,7 +26,11 @@ class ParallelModule(fx.GraphModule):
     each tensor's shape and dtype: the local shard's with ``local_inputs``) and
     raises ``InputMismatchError`` naming the input, what was expected and what came.
     The train/eval mode of the model when it was traced is part of the graph
-    (dropout, batch norm): generate an eval module from a model traced in eval mode.
+    (dropout, batch norm): ``.eval()`` on a module traced in training mode (and
+    ``.train()`` on one traced in eval mode) raises ``TrainingModeError`` instead
+    of running the other mode's graph; generate an eval module from a model traced
+    in eval mode. Inputs that require a gradient are refused
+    (``InputMismatchError``): the program returns no gradient for its inputs.
     Data-parallel gradient all-reduces run outside the graph, in ``gradient_sync``
     (bucketed, asynchronous, finished when ``backward()`` returns)."""
 
@@ -35,6 +39,19 @@ class ParallelModule(fx.GraphModule):
     shards: dict[str, StateShard]
     #: Tied names other than the first (``lm_head.weight``) -> the shard they share.
     aliases: dict[str, str]
+    #: The model's mode when it was traced (None until ``generate`` sets it).
+    traced_training: bool | None = None
+
+    def train(self, mode: bool = True) -> ParallelModule:
+        if self.traced_training is not None and bool(mode) != self.traced_training:
+            traced = "training" if self.traced_training else "eval"
+            raise TrainingModeError(
+                f"this module's graph was traced in {traced} mode, and dropout and batch "
+                f"norm run as traced: .{'train' if mode else 'eval'}() would not change "
+                "them. For the other mode, plan and generate a module from the model in "
+                "that mode (e.g. model.eval() before autoparallelize), or evaluate the "
+                "serial model")
+        return super().train(mode)
 
     def state_dict(self, *args: Any, destination: Any = None, prefix: str = "",
                    keep_vars: bool = False) -> Any:
@@ -143,6 +160,11 @@ class InputCheck:
                     raise InputMismatchError(f"input {name}: expected a tensor of shape "
                                              f"{list(shape)} and dtype {dtype}, got "
                                              f"{type(value).__name__}")
+                if value.requires_grad and torch.is_grad_enabled():
+                    raise InputMismatchError(
+                        f"input {name} requires a gradient: the parallel program computes "
+                        "the gradients of the model's parameters, not of its inputs (each "
+                        "rank would hold a partial one); pass it detached")
                 if tuple(value.shape) != shape or value.dtype != dtype:
                     raise InputMismatchError(
                         f"input {name}: expected shape {list(shape)} and dtype {dtype} (the "

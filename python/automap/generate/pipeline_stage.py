@@ -150,6 +150,7 @@ def build_stages(traced, plan, model: nn.Module, *, device: torch.device, seed: 
         part = stage_graph(out, stage_cut, index)
         module = assemble_graph(part, traced, stage_plan, groups, grad_bucket_bytes,
                                 shard_values)
+        module.traced_training = model.training
         module.train(model.training)
         received = [n for n in out.graph.nodes if n.op == "placeholder"] if index == 0 \
             else stage_cut.boundaries[index]

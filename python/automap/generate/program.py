@@ -45,6 +45,7 @@ def generate(traced, plan, model: nn.Module, groups, *, device=None, local_input
                       shard_values)
     module.graph._codegen = _pytree_codegen(traced)
     module.recompile()
+    module.traced_training = model.training
     module.train(model.training)
     module.register_forward_pre_hook(
         _input_check(traced, module.graph, plan, rank, local_inputs), with_kwargs=True)

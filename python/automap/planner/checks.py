@@ -10,6 +10,7 @@ import math
 import numbers
 
 import numpy as np
+from torch import nn
 
 from automap.errors import InvalidArgumentError, InvalidPipelineError
 from automap.generate.pipeline_order import interleaved_rounds
@@ -68,6 +69,15 @@ def check_optimizer(value) -> str | None:
         return value
     raise InvalidArgumentError(f"optimizer must be one of {list(OPTIMIZER_NAMES)} or None (no "
                                f"optimizer state), got {value!r}")
+
+
+def check_trainable(model) -> None:
+    """A model with at least one parameter that requires a gradient: a plan is of
+    a training step (the simulated step and the profile run its backward)."""
+    if isinstance(model, nn.Module) and not any(p.requires_grad for p in model.parameters()):
+        raise InvalidArgumentError(
+            f"{type(model).__name__} has no parameter that requires a gradient: automap "
+            "plans training steps, and this model has nothing to train")
 
 
 def check_choice(value, name: str, choices: tuple[str, ...]) -> str:

@@ -189,8 +189,13 @@ class Plan:
     @classmethod
     def from_json(cls, path: str) -> Plan:
         """``from_dict`` of a JSON file; unreadable JSON is an ``InvalidPlanError``."""
-        with open(path) as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidPlanError(f"{path} is not a plan: not UTF-8 text ({exc.reason} at "
+                                   f"byte {exc.start})") from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:

@@ -31,6 +31,7 @@ from automap.planner.checks import (
     check_optimizer,
     check_pipeline,
     check_time_limit,
+    check_trainable,
 )
 from automap.planner.microbatch import example_batch, microbatch_counts, microbatch_inputs
 from automap.planner.per_microbatch import per_microbatch_table
@@ -224,6 +225,7 @@ def plan(
     optimizer, flops_per_s = check_optimizer(optimizer), check_flops(flops_per_s)
     check_time_limit(time_limit_s)
     check_choice(checkpointing, "checkpointing", CHECKPOINTING)
+    check_trainable(model)
     meshes, known = candidate_meshes(mesh)
     counts = check_pipeline(pipeline, microbatches, schedule, example_batch(example_inputs),
                             meshes[0])

@@ -28,7 +28,7 @@ from torch import fx, nn
 from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
-from automap.errors import TraceError, UnsupportedFunctionError
+from automap.errors import TraceError
 from automap.progress import stage
 from automap.trace import hf_compat
 from automap.trace.causal_mask import mark_causal_masks
@@ -232,7 +232,16 @@ class _Step(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         out = getattr(self, _INNER)(*args, **{**self._extra_kwargs, **kwargs})
-        return out if self._loss_fn is None else self._loss_fn(out)
+        if self._loss_fn is None:
+            return out
+        loss = self._loss_fn(out)
+        if not (isinstance(loss, torch.Tensor) and loss.dim() == 0
+                and loss.is_floating_point()):
+            what = (f"a tensor of shape {list(loss.shape)} and dtype {loss.dtype}"
+                    if isinstance(loss, torch.Tensor) else type(loss).__name__)
+            raise TraceError(f"the loss must be a floating-point scalar (0-dim) tensor; "
+                             f"loss_fn returned {what}")
+        return loss
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -316,7 +325,7 @@ def trace(
         except TraceError:
             raise
         except Exception as exc:
-            cause = _cause(exc, UnsupportedFunctionError)
+            cause = _cause(exc, TraceError)
             if cause is not None:
                 raise cause from exc
             raise TraceError(_explain_export_failure(model, exc, is_hf)) from exc
