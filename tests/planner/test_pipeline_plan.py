@@ -79,6 +79,16 @@ def test_more_stages_than_layers_is_refused():
         automap.plan(model, (x,), DeviceMesh((8,)), loss_fn=mean_square_loss, pipeline=8, **SPEEDS)
 
 
+def test_a_stage_without_parameters_is_no_stage():
+    """One Linear cut in 2 left the loss alone on the second stage: its rank had
+    no parameter, and ``AdamW(module.parameters())`` failed there only."""
+    with torch.device("meta"):
+        model, x = nn.Linear(16, 16), torch.randn(8, 16)
+    with pytest.raises(InvalidPipelineError, match="splits into at most 1 stages"):
+        automap.plan(model, (x,), DeviceMesh((2,)), loss_fn=mean_square_loss, pipeline=2,
+                     microbatches=2, **SPEEDS)
+
+
 def test_a_pipeline_over_the_budget_is_refused():
     model, inputs = _mlp(256)
     with pytest.raises(automap.InfeasibleBudgetError, match="no pipeline of"):

@@ -206,3 +206,12 @@ def test_checkpoint_counts_are_worded(case):
     lines = ck.describe()
     assert lines[0].startswith("activation checkpointing: none needed")
     assert not any("timeline" in line for line in lines)
+
+
+def test_an_input_of_another_dtype_than_the_model_is_refused_when_traced():
+    """Eager PyTorch refuses a float32 input to a float64 Linear; fake tensors
+    do not, so the plan was made and the first call failed inside torch."""
+    model = nn.Sequential(nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    with pytest.raises(automap.TraceError, match=r"linear .* \['float32', 'float64'\]"):
+        automap.plan(model, (torch.randn(4, 16),), DeviceMesh((2,)), loss_fn=_loss,
+                     flops_per_s=1e6)

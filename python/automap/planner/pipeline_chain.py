@@ -55,6 +55,9 @@ class Unit:
     out_bytes: float = 0.0
     out_grad_bytes: float = 0.0
     largest_param_bytes: float = 0.0  # sizes the optimizer step's temporaries
+    #: Whether it reads a trainable parameter: a stage needs one (its rank holds
+    #: something to optimise; ``pipeline_partition._stage_matrices``).
+    trains: bool = True
 
 
 @dataclass
@@ -144,7 +147,7 @@ def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
     for first, end in zip(bounds[:-1], bounds[1:]):
         times_repeated = max((repeats.get(order[i], 1) for i in range(first, end)), default=1)
         for rep in range(times_repeated):
-            unit = Unit(first, end - 1, rep)
+            unit = Unit(first, end - 1, rep, trains=False)
             for i in range(first, end):
                 f, b = times[order[i]]
                 unit.forward_s += f
@@ -171,6 +174,7 @@ def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
             unit.state[key] = (held, grad)
             if grad <= 0:
                 continue
+            unit.trains = True
             grads[key] = grad
             unit.largest_param_bytes = max(unit.largest_param_bytes, grad)
             if node.optimizer_s is not None:

@@ -177,6 +177,11 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
     chunks = n * virtual
     units = chain.units
     empty = np.tril(np.ones((k_units + 1, k_units + 1), dtype=bool))
+    # A chunk without a trainable parameter is no stage: its rank would hold
+    # nothing to optimise (a one-layer model cut in 2 left the loss alone, and
+    # the usual AdamW(model.parameters()) failed on that rank only).
+    trains = np.concatenate([[0], np.cumsum([u.trains for u in units])])
+    empty |= trains[None, :] - trains[:, None] <= 0
     factor = optimizer_temp_factor(optimizer) if optimizer is not None else 0.0
     # Chunk j sends to chunk j + 1 on submesh (j + 1) mod n (the last submesh
     # wraps to the first), and its input's gradient back to (j - 1) mod n.

@@ -49,14 +49,23 @@ log = logging.getLogger(__name__)
 
 
 def unit_count(one: Microbatched, stacks) -> int:
-    """How many units the chain of ``one``'s trace has (the most stages it can take)."""
+    """How many units the chain of ``one``'s trace has that read a trainable
+    parameter (the most stages it can take: a stage without one is none, see
+    ``pipeline_partition._stage_matrices``)."""
     traced, blocks = one.traced, one.blocks
-    order = [n.name for n in traced.graph.nodes if n.op == "call_function"]
+    computed = [n for n in traced.graph.nodes if n.op == "call_function"]
+    order = [n.name for n in computed]
     cuts = cut_positions(traced, order, blocks)
     repeats = instance_repeats(blocks, list(stacks)) if stacks else {}
+
+    def trains(node) -> bool:
+        return any((state := traced.state_of(a.name)) is not None and state.kind == "parameter"
+                   and state.requires_grad for a in node.all_input_nodes)
+
     count = 0
     for first, end in zip([0, *cuts], [*cuts, len(order)]):
-        count += max((repeats.get(order[i], 1) for i in range(first, end)), default=1)
+        if any(trains(computed[i]) for i in range(first, end)):
+            count += max((repeats.get(order[i], 1) for i in range(first, end)), default=1)
     return count
 
 
@@ -157,7 +166,8 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
             f"pipeline={tried[0]} stages but the model splits into at most {units} "
             + ("stages" if least == 1 else f"chunks, and interleaved 1F1B needs at least "
                f"{least} per stage ({least * tried[0]})")
-            + " (its layers and the parts before and after them)")
+            + " (its layers and the parts before and after them that hold a trainable "
+            "parameter)")
     tried = [n for n in tried if n * least <= units]
     heap = [entry for entry in heap if entry[2] in tried]
     heapq.heapify(heap)

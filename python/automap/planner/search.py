@@ -225,10 +225,10 @@ def plan(
     optimizer, flops_per_s = check_optimizer(optimizer), check_flops(flops_per_s)
     check_time_limit(time_limit_s)
     check_choice(checkpointing, "checkpointing", CHECKPOINTING)
-    check_trainable(model)
     meshes, known = candidate_meshes(mesh)
     counts = check_pipeline(pipeline, microbatches, schedule, example_batch(example_inputs),
                             meshes[0])
+    check_trainable(model)
     t0 = time.perf_counter()
     # Plans cover the whole training step, so the graph ends in the loss.
     depth: contextlib.AbstractContextManager[list] = (

@@ -329,6 +329,7 @@ def trace(
             if cause is not None:
                 raise cause from exc
             raise TraceError(_explain_export_failure(model, exc, is_hf)) from exc
+        _check_operand_dtypes(exported.graph_module)
         if setting is not None:
             device_type = _first_device_type(args, kwargs, model)
             casts = insert_autocast_casts(exported.graph_module, setting, device_type)
@@ -338,6 +339,34 @@ def trace(
         traced.mixed_precision = setting
         tracing.result(f"{len(traced.nodes)} nodes")
     return traced
+
+
+#: Ops whose kernels take one floating dtype for all their tensor operands (eager
+#: raises on a mix; fake tensors in torch.export do not check: a float32 input to
+#: a float64 model traced and planned, and failed at the first call).
+_ONE_DTYPE_OPS = frozenset({
+    "linear", "mm", "addmm", "bmm", "baddbmm", "matmul", "mv", "dot", "convolution",
+    "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"})
+# (Not the norms: their CPU and CUDA kernels take low-precision inputs with fp32
+# weights.)
+
+
+def _check_operand_dtypes(graph_module: torch.fx.GraphModule) -> None:
+    """A ``TraceError`` where an op of ``_ONE_DTYPE_OPS`` reads floating tensors of
+    several dtypes (before mixed precision inserts its casts)."""
+    for node in graph_module.graph.nodes:
+        name = getattr(getattr(node.target, "_overloadpacket", None), "__name__", None)
+        if node.op != "call_function" or name not in _ONE_DTYPE_OPS:
+            continue
+        dtypes = {str(v.dtype).removeprefix("torch.") for a in node.all_input_nodes
+                  if isinstance(v := a.meta.get("val"), torch.Tensor) and v.is_floating_point()}
+        if len(dtypes) > 1:
+            stack = node.meta.get("nn_module_stack") or {}
+            where = next(reversed(stack.values()))[0] if stack else node.name
+            raise TraceError(
+                f"{name} in {where or 'the model'} reads tensors of dtypes "
+                f"{sorted(dtypes)}; eager PyTorch refuses the mix. Give example inputs of "
+                "the model's dtype (or cast the model), or use mixed_precision=...")
 
 
 def _first_device_type(args: Any, kwargs: Any, model: nn.Module) -> str:
