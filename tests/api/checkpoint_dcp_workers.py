@@ -4,7 +4,6 @@ other plans and train on."""
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -15,20 +14,12 @@ from automap.generate.program import generate
 from automap.planner.plan import Plan
 from automap.planner.search import plan as solve_plan
 from automap.trace.tracing import default_loss, trace
-from forced_plans import forced_plan
+from forced_plans import axis_1_outermost, forced_plan
 from serial import build, call_module, make_optimizer, no_dropout
 from speeds import FAST, speeds
 
 #: Steps before the checkpoint, and after it.
 BEFORE, AFTER = 2, 2
-
-
-def _axis_1_outermost(table, node) -> np.ndarray:
-    """Parameters split over both axes of (2,2) only with axis 1 outermost (the
-    strided placements this test is about; ``S01`` and ``S10`` cost the same, and
-    which the solver picks moved with unrelated pricing changes)."""
-    return np.array([node.kind != "parameter" or not any("01" in s for s in outs)
-                     for outs in node.out_specs])
 
 
 def plans(model, inputs, loss_fn) -> dict[str, Plan]:
@@ -39,7 +30,7 @@ def plans(model, inputs, loss_fn) -> dict[str, Plan]:
     loose = solve_plan(model, inputs, DeviceMesh((2, 2)), loss_fn=loss_fn, **FAST)
     tight = solve_plan(model, inputs, DeviceMesh((2, 2)), loss_fn=loss_fn, checkpointing="off",
                        memory_budget_bytes=0.6 * loose.predicted_peak_memory_bytes,
-                       strategy_filter=_axis_1_outermost, **FAST)
+                       strategy_filter=axis_1_outermost, **FAST)
     flat = solve_plan(model, inputs, DeviceMesh((4,)), loss_fn=loss_fn, **speeds(1e6))
     return {"save_2x2_tight": tight, "load_2x2_loose": loose, "load_4": flat}
 

@@ -111,8 +111,11 @@ def test_within_a_budget_whole_parameters_are_checkpointed_too():
     found = plan(GPT2LMHeadModel(cfg), inputs, mesh, budget, **speeds)
     assert found.predicted_peak_memory_bytes <= budget
     assert _stored_whole(found) and found.checkpoint is not None
-    assert found.solver["compared_step_s"]["parameters whole"] == found.predicted_step_s
-    assert found.predicted_step_s < found.solver["compared_step_s"]["searched"]
+    # Since the tied embedding's two reads are priced one all-reduce (stop 34),
+    # the first ladder reaches this plan itself (its 200 MiB rung); before, only
+    # the whole family's top rung did.
+    compared = [s for s in found.solver["compared_step_s"].values() if s is not None]
+    assert found.predicted_step_s == min(compared) < 1.5
 
 
 def test_the_top_rung_alone_runs_no_least_budget_lp(monkeypatch):

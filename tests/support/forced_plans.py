@@ -81,3 +81,12 @@ def forced_plan(model, example_inputs, loss_fn, mesh, *, params: dict[str, str] 
         options = {**speeds(flops_per_s), **options}  # every rank plans alike
         return traced, planner.plan_traced(traced, profile_traced(traced, "adamw"), mesh,
                                            **options)
+
+
+def axis_1_outermost(table, node) -> np.ndarray:
+    """A ``strategy_filter``: parameters split over both axes of a 2-D mesh only
+    with axis 1 outermost (``S10``: DTensor's ``_StridedShard`` placements, which
+    the checkpoint and placement tests are about; ``S01`` costs the same, and
+    which of the two the solver picks moved with unrelated pricing changes)."""
+    return np.array([node.kind != "parameter" or not any("01" in s for s in outs)
+                     for outs in node.out_specs])
