@@ -109,3 +109,34 @@ def test_data_parallel_gradients_are_priced_as_buckets_in_the_reduce_dtype(reduc
     _, full = forced_plan(model, inputs, loss_fn, mesh, params={}, inputs={"args_0": BATCH})
     assert collective_bytes_per_axis(plan)[0] == pytest.approx(
         collective_bytes_per_axis(full)[0] * reduce_dtype.itemsize / 4, rel=1e-4)
+
+
+@pytest.mark.parametrize("rnn", [torch.nn.GRU, torch.nn.LSTM])
+def test_a_recurrent_op_autocast_decomposes_runs_in_one_dtype(rnn):
+    """Autocast casts a GRU's or LSTM's weights inside the op's decomposition
+    (its inner linears), not its input or state: those casts in front of the
+    whole op mixed bf16 weights with a float32 input, and the generated module
+    failed at its first call (found by a sweep as a new user). The op keeps one
+    dtype, and the graph gives eager autocast's loss (to bf16's tolerance)."""
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn, self.fc = rnn(6, 8, batch_first=True), torch.nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.fc(self.rnn(x)[0][:, -1]).pow(2).mean()
+
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(4, 5, 6)
+    traced = trace(model, (x,), loss_fn=lambda out: out, mixed_precision="bf16")
+    gm = traced.exported.graph_module
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and any(k in str(node.target) for k in ("gru", "lstm")):
+            dtypes = {a.meta["val"].dtype for a in node.all_input_nodes
+                      if a.meta["val"].dtype.is_floating_point}
+            assert len(dtypes) == 1, (node, dtypes)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager = model(x).item()
+    ours = traced.exported.module()(x).item()
+    assert ours == pytest.approx(eager, rel=3e-2)

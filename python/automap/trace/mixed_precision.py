@@ -17,6 +17,7 @@ whose placement the planner chooses (cast before or after an all-gather).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,8 @@ from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from automap.errors import InvalidArgumentError
+
+log = logging.getLogger(__name__)
 
 #: The string shorthands of ``mixed_precision=``.
 SHORTHANDS = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -118,6 +121,8 @@ class _AutocastRun(fx.Interpreter):
         super().__init__(gm)
         self.device_type, self.dtype = device_type, dtype
         self.casts: dict[str, dict[tuple, torch.dtype]] = {}
+        #: Per node, its floating inputs' dtypes as met (position -> dtype).
+        self.dtypes: dict[str, dict[tuple, torch.dtype]] = {}
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op == "placeholder":
@@ -131,12 +136,43 @@ class _AutocastRun(fx.Interpreter):
             for j, t in enumerate(a if isinstance(a, (list, tuple)) else [a]):
                 if isinstance(t, torch.Tensor) and t.dtype.is_floating_point:
                     watched[id(t)] = (i, j) if isinstance(a, (list, tuple)) else (i,)
+        dtypes = {watched[id(t)]: t.dtype for a in args
+                  for t in (a if isinstance(a, (list, tuple)) else [a])
+                  if isinstance(t, torch.Tensor) and id(t) in watched}
         recorder = _CastRecorder(watched)
         with torch.autocast(self.device_type, self.dtype), recorder:
             out = n.target(*args, **kwargs)
-        if recorder.casts:
-            self.casts[n.name] = recorder.casts
+        casts = recorder.casts
+        if casts and _mixes_dtypes(dtypes, casts):
+            # Casts autocast made inside a composite op's decomposition (an LSTM's
+            # or GRU's inner linears cast its weights, not its input or state): in
+            # front of the whole op they would mix dtypes, which the op refuses.
+            # It runs in its inputs' widest dtype instead, without autocast.
+            widest = max(dtypes.values(), key=lambda d: torch.finfo(d).bits)
+            log.debug("mixed precision: %s runs in %s (autocast's casts %s)", n.name,
+                      widest, casts)
+            args = tuple(_to_dtype(a, widest) for a in args)
+            out = n.target(*args, **kwargs)
+            casts = {where: widest for where, dtype in dtypes.items() if dtype != widest}
+        if casts:
+            self.casts[n.name] = casts
         return out
+
+
+def _to_dtype(value: Any, dtype: torch.dtype) -> Any:
+    """``value`` (a tensor, a list or tuple of them, or anything else) with its
+    floating tensors in ``dtype``."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_dtype(v, dtype) for v in value)
+    if isinstance(value, torch.Tensor) and value.dtype.is_floating_point:
+        return value.to(dtype)
+    return value
+
+
+def _mixes_dtypes(dtypes: dict[tuple, torch.dtype], casts: dict[tuple, torch.dtype]) -> bool:
+    """Whether floating inputs of ``dtypes`` (position -> dtype, as the autocast
+    run met them) would have several dtypes with ``casts`` applied."""
+    return len({casts.get(where, dtype) for where, dtype in dtypes.items()}) > 1
 
 
 def insert_autocast_casts(gm: fx.GraphModule, setting: MixedPrecision, device_type: str) -> int:
@@ -156,7 +192,8 @@ def insert_autocast_casts(gm: fx.GraphModule, setting: MixedPrecision, device_ty
         run.run(*placeholders)
     made: dict[tuple[fx.Node, torch.dtype], fx.Node] = {}
     for node in list(gm.graph.nodes):
-        for where, dtype in run.casts.get(node.name, {}).items():
+        casts = run.casts.get(node.name, {})
+        for where, dtype in casts.items():
             arg = node.args[where[0]]
             source = arg[where[1]] if len(where) == 2 else arg
             if not isinstance(source, fx.Node):
