@@ -190,7 +190,7 @@ def test_verbose_planning_names_the_budget(case, capsys):
     printed = capsys.readouterr().err  # progress goes to stderr; stdout is for results
     assert "unlimited" not in printed
     assert "no memory limit" in printed  # the fastest plan, solved first
-    assert f"memory limit {format_bytes(budget)}" in printed, printed
+    assert f"memory budget of {format_bytes(budget)}" in printed, printed
 
 
 def test_checkpoint_counts_are_worded(case):

@@ -313,18 +313,13 @@ class Cluster:
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> Cluster:
         """``from_dict`` of a JSON file (``automap detect`` writes them); a file
-        that cannot be read, or is no JSON, is an ``InvalidMeshError``."""
-        try:
-            with open(path) as f:
-                data = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise InvalidMeshError(f"{path}: not a cluster description (JSON): {e}") from e
-        except OSError as e:
-            raise InvalidMeshError(
-                f"cannot read the cluster description {str(path)!r} ({e.strerror}); a "
-                "mesh given as a string is a path to a cluster JSON (automap detect "
-                "writes one); give a shape such as (2, 2) or an automap.DeviceMesh "
-                "instead") from e
+        that is no JSON is an ``InvalidMeshError`` (one that cannot be opened,
+        the ``OSError`` of ``open``)."""
+        with open(path, "rb") as f:
+            try:
+                data = json.loads(f.read().decode("utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise InvalidMeshError(f"{path}: not valid JSON: {e}") from e
         return cls.from_dict(data)
 
     # Display ------------------------------------------------------------------------

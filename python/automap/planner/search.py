@@ -101,6 +101,11 @@ def candidate_meshes(mesh, top_k: int = 3, size: int | None = None):
     from automap.cluster.cluster import Cluster
 
     if isinstance(mesh, (str, os.PathLike)):
+        if not os.path.isfile(mesh):
+            raise InvalidMeshError(
+                f"no cluster description at {os.fspath(mesh)!r}: a mesh given as a string "
+                "is a path to a cluster JSON (automap detect writes one); give a shape such "
+                "as (2, 2) or an automap.DeviceMesh instead")
         mesh = Cluster.from_json(os.fspath(mesh))
     if isinstance(mesh, Cluster):
         meshes = [m for m in mesh.meshes() if size is None or m.size == size][:top_k]
@@ -458,7 +463,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 # buckets per reader), so it could miss it (TinyGPT2 on (4,) with
                 # every parameter whole, 1.01x the fastest plan's peak: 0.541 s
                 # where the fastest, 0.478 s, fits).
-                fastest = package(solver(instance)(None))
+                fastest = package(solver(ilp)(None))  # the same on any instance
                 if fastest.predicted_peak_memory_bytes <= budget:
                     return fastest
                 return package(solver(instance)(budget))
@@ -509,6 +514,9 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         return _verified_search(search_at, check, budget)
 
     failures: list[InfeasibleBudgetError] = []
+    if memory_budget_bytes is not None:
+        log.info("searching within a memory budget of %s per device (checkpointing %s)",
+                 _size(memory_budget_bytes), checkpointing)
     try:
         found = verified(search, simulated, memory_budget_bytes)
     except InfeasibleBudgetError as err:

@@ -352,14 +352,17 @@ _ONE_DTYPE_OPS = frozenset({
 
 
 def _check_operand_dtypes(graph_module: torch.fx.GraphModule) -> None:
-    """A ``TraceError`` where an op of ``_ONE_DTYPE_OPS`` reads floating tensors of
-    several dtypes (before mixed precision inserts its casts)."""
+    """A ``TraceError`` where an op of ``_ONE_DTYPE_OPS`` reads floating inputs or
+    parameters (placeholders: their dtypes are the real ones; an intermediate's
+    may be fake propagation's, e.g. after FFTs) of several dtypes, before mixed
+    precision inserts its casts."""
     for node in graph_module.graph.nodes:
         name = getattr(getattr(node.target, "_overloadpacket", None), "__name__", None)
         if node.op != "call_function" or name not in _ONE_DTYPE_OPS:
             continue
         dtypes = {str(v.dtype).removeprefix("torch.") for a in node.all_input_nodes
-                  if isinstance(v := a.meta.get("val"), torch.Tensor) and v.is_floating_point()}
+                  if a.op == "placeholder"
+                  and isinstance(v := a.meta.get("val"), torch.Tensor) and v.is_floating_point()}
         if len(dtypes) > 1:
             stack = node.meta.get("nn_module_stack") or {}
             where = next(reversed(stack.values()))[0] if stack else node.name
