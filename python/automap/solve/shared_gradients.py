@@ -58,7 +58,7 @@ class Reading:
     dst: str
     grad_axes: tuple[int, ...]
     nbytes: float  # the whole tensor
-    from_state: bool  # a buffer's (no gradient to share)
+    from_buffer: bool  # a buffer's (no gradient to share)
 
 
 def shared_gradients(readings: Iterable[Reading], shard_count) -> list[SharedGradient]:
@@ -66,7 +66,7 @@ def shared_gradients(readings: Iterable[Reading], shard_count) -> list[SharedGra
     module docstring); ``shard_count(spec)`` is the number of shards of a spec."""
     groups: dict[tuple, list[Reading]] = {}
     for r in readings:
-        if r.from_state or not r.grad_axes or r.src != r.dst:
+        if r.from_buffer or not r.grad_axes or r.src != r.dst:
             continue
         groups.setdefault((r.producer, r.output_index, r.grad_axes), []).append(r)
     out = []

@@ -121,8 +121,6 @@ class _AutocastRun(fx.Interpreter):
         super().__init__(gm)
         self.device_type, self.dtype = device_type, dtype
         self.casts: dict[str, dict[tuple, torch.dtype]] = {}
-        #: Per node, its floating inputs' dtypes as met (position -> dtype).
-        self.dtypes: dict[str, dict[tuple, torch.dtype]] = {}
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op == "placeholder":
@@ -131,14 +129,12 @@ class _AutocastRun(fx.Interpreter):
                 or n.target.namespace != "aten":
             return super().run_node(n)
         args, kwargs = self.fetch_args_kwargs_from_env(n)
-        watched = {}
+        watched, dtypes = {}, {}  # id -> position; position -> dtype as met
         for i, a in enumerate(args):
             for j, t in enumerate(a if isinstance(a, (list, tuple)) else [a]):
                 if isinstance(t, torch.Tensor) and t.dtype.is_floating_point:
                     watched[id(t)] = (i, j) if isinstance(a, (list, tuple)) else (i,)
-        dtypes = {watched[id(t)]: t.dtype for a in args
-                  for t in (a if isinstance(a, (list, tuple)) else [a])
-                  if isinstance(t, torch.Tensor) and id(t) in watched}
+                    dtypes[watched[id(t)]] = t.dtype
         recorder = _CastRecorder(watched)
         with torch.autocast(self.device_type, self.dtype), recorder:
             out = n.target(*args, **kwargs)
@@ -192,8 +188,7 @@ def insert_autocast_casts(gm: fx.GraphModule, setting: MixedPrecision, device_ty
         run.run(*placeholders)
     made: dict[tuple[fx.Node, torch.dtype], fx.Node] = {}
     for node in list(gm.graph.nodes):
-        casts = run.casts.get(node.name, {})
-        for where, dtype in casts.items():
+        for where, dtype in run.casts.get(node.name, {}).items():
             arg = node.args[where[0]]
             source = arg[where[1]] if len(where) == 2 else arg
             if not isinstance(source, fx.Node):
