@@ -298,6 +298,7 @@ def simulated_pipeline():
 def test_stage_peaks_are_the_simulated_steps(simulated_pipeline):
     from automap.api import first_microbatch
     from automap.generate.simulate_pipeline import simulate_stage
+    from automap.planner.reserve import STAGE_HEADROOM, reserved
     from automap.trace.tracing import trace
 
     model, inputs, plan = simulated_pipeline
@@ -306,8 +307,8 @@ def test_stage_peaks_are_the_simulated_steps(simulated_pipeline):
     stages = plan.pipeline.stages
     for stage in stages:
         assert stage.modelled_peak_memory_bytes is not None
-        assert stage.predicted_peak_memory_bytes == simulate_stage(traced, plan,
-                                                                   stage.index).peak_bytes
+        step = simulate_stage(traced, plan, stage.index)
+        assert stage.predicted_peak_memory_bytes == reserved(step, STAGE_HEADROOM).peak_bytes
     assert plan.predicted_peak_memory_bytes == max(s.predicted_peak_memory_bytes
                                                    for s in stages)
     assert "simulated" in plan.memory_breakdown_at
@@ -330,4 +331,4 @@ def test_a_budget_below_the_simulated_peak_is_planned_again_or_named(simulated_p
         named = err.smallest_feasible_budget_bytes
         assert named is not None and named > budget
         fitted, budget = automap.plan(model, inputs, DeviceMesh((4,)), named, **options), named
-    assert all(s.predicted_peak_memory_bytes * 1.001 <= budget for s in fitted.pipeline.stages)
+    assert all(s.predicted_peak_memory_bytes <= budget for s in fitted.pipeline.stages)

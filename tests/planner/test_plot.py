@@ -143,6 +143,7 @@ def test_explain_plot_writes_both_pictures(tight_plan, tmp_path, capsys):
 def test_a_long_timeline_keeps_the_peak(tight_plan, monkeypatch):
     """Merged down to a few samples, the largest is still the step's peak."""
     from automap.generate import simulate
+    from automap.planner.reserve import HEADROOM, reserved
     from automap.trace.tracing import trace
 
     monkeypatch.setattr(simulate, "MAX_TIMELINE_SAMPLES", 7)
@@ -150,7 +151,9 @@ def test_a_long_timeline_keeps_the_peak(tight_plan, monkeypatch):
     step = simulate.simulate_step(trace(model, inputs, loss_fn=loss), tight_plan)
     assert len(step.timeline) <= 7
     assert max(sum(s["bytes"]) for s in step.timeline) == step.peak_bytes
-    assert step.peak_bytes == tight_plan.predicted_peak_memory_bytes
+    kept = reserved(step, HEADROOM)
+    assert kept.peak_bytes == tight_plan.predicted_peak_memory_bytes
+    assert max(sum(s["bytes"]) for s in kept.timeline["samples"]) == kept.peak_bytes
 
 
 def test_explain_plot_without_matplotlib_is_one_line(tight_plan, tmp_path, capsys, monkeypatch):

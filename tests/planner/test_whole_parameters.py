@@ -76,9 +76,8 @@ def test_never_slower_than_the_best_whole_parameter_plan(gpt, shape, alpha_s, ba
     whole = plan_traced(traced, profile, mesh, device=DEVICE, strategy_filter=parameters_whole)
     found = plan_traced(traced, profile, mesh, device=DEVICE)
     assert found.predicted_step_s <= whole.predicted_step_s * (1 + 1e-9)
-    # Within a budget the whole-parameter plan meets (with the simulated step's
-    # headroom), the same holds, and the plan fits.
-    budget = whole.predicted_peak_memory_bytes * 1.01
+    # Within the whole-parameter plan's own peak, the same holds, and the plan fits.
+    budget = whole.predicted_peak_memory_bytes
     within = plan_traced(traced, profile, mesh, budget, device=DEVICE, checkpointing="off")
     assert within.predicted_step_s <= whole.predicted_step_s * (1 + 1e-9)
     assert within.predicted_peak_memory_bytes <= budget

@@ -34,10 +34,11 @@ from automap.trace.profiling import (
     optimizer_tensors,
 )
 
-#: The categories of ``SimulatedStep.breakdown``, in display order.
+#: The categories of ``SimulatedStep.breakdown``, in display order. The last,
+#: ``reserve``, is the planner's (``planner/reserve.py``): 0 here.
 CATEGORIES = ("parameters", "buffers", "inputs", "optimizer_state", "gradients",
               "activations", "backward", "communication", "gradient_buckets",
-              "optimizer_step", "workspace")
+              "optimizer_step", "workspace", "reserve")
 _PHASE_CATEGORY = {"forward": "activations", "backward": "backward",
                    "optimizer": "optimizer_step"}
 #: At most this many samples in ``SimulatedStep.timeline`` (a plan stays small;

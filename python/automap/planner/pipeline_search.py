@@ -35,13 +35,13 @@ from dataclasses import dataclass
 
 from automap.checkpoint.chain import choice_of_plan
 from automap.errors import InfeasibleBudgetError, InvalidPipelineError, SolverTimeLimitError
-from automap.generate.simulate import CATEGORIES
 from automap.planner.pipeline_bound import step_lower_bound_s
 from automap.planner.pipeline_chain import build_chain, cut_positions
 from automap.planner.pipeline_mesh import cut_mesh
 from automap.planner.pipeline_partition import Partition, best_partition, price_bounds
 from automap.planner.pipeline_record import PipelineRecord, StageRecord
 from automap.planner.plan import Plan
+from automap.planner.reserve import STAGE_HEADROOM, reserved
 from automap.progress import stage as progress_stage
 from automap.solve.depth import instance_repeats
 
@@ -72,13 +72,6 @@ def unit_count(one: Microbatched, stacks) -> int:
 #: Rounds of re-partitioning against corrected per-stage budgets after the
 #: simulated step finds a stage over the budget (as ``search.VERIFY_ROUNDS``).
 VERIFY_ROUNDS = 4
-
-#: A stage fits when its simulated peak plus this share of it does. Larger
-#: than the intra-op plans' ``search.HEADROOM``: the last stage of the trust
-#: bench's GPT-2 measured 1.6-1.9 % above its simulated step on gloo (about
-#: 0.8 MiB of 42; the real run still holds the LM-head weight's all-gather
-#: buffer beside its copy at the peak), the other stages within 0.1 %.
-STAGE_HEADROOM = 0.02
 
 #: The most chunks per rank the interleaved search tries (each more halves
 #: the fill and drain again but adds a send per chunk and microbatch).
@@ -129,7 +122,7 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
                     counts: list[int], *, microbatches: Callable[[int], list[int]],
                     schedule: str, optimizer, stacks, intra_op: Plan | None,
                     intra_op_error: InfeasibleBudgetError | None = None,
-                    explicit: bool = False, headroom: float = 0.0,
+                    explicit: bool = False,
                     shared_slowdown: float = 1.0, work_s: float = 0.0) -> Plan:
     """The fastest plan over the stage ``counts`` and, for each count ``n``,
     the microbatch counts ``microbatches(n)`` (one for an explicit
@@ -200,7 +193,7 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
             break
         plan, seen = _verified(sub_plan, partition, stages, chain, m, schedule,
                                memory_budget_bytes, optimizer, intra_s, candidates, t0,
-                               prepare(m).simulate, headroom, shared_slowdown)
+                               prepare(m).simulate, shared_slowdown)
         if seen is not None:
             least_peak = seen if least_peak is None else min(least_peak, seen)
         if plan is not None and not (intra_s is not None and intra_s <= plan.predicted_step_s
@@ -219,7 +212,7 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
                 f"{memory_budget_bytes or 0:.4g} bytes per device in its simulated step "
                 f"(the model's plans exceed it); the smallest feasible budget is about "
                 f"{least_peak:.4g} bytes ({least_peak / 2**20:.1f} MiB, the leanest verified "
-                f"pipeline's worst stage with headroom)", int(least_peak) + 1)
+                f"pipeline's worst stage with its reserve)", int(least_peak) + 1)
         raise InfeasibleBudgetError(
             f"no pipeline of {tried} stages fits a memory budget of "
             f"{memory_budget_bytes or 0:.4g} bytes per device, even with stages "
@@ -295,12 +288,12 @@ def _search_count(one: Microbatched, stages, n: int, microbatches: int, units: i
 
 def _verified(sub_plan: Plan, partition: Partition, stages, chain, microbatches: int,
               schedule: str, budget, optimizer, intra_s, candidates, t0: float,
-              simulate: Callable | None, headroom: float,
+              simulate: Callable | None,
               shared_slowdown: float = 1.0) -> tuple[Plan | None, float | None]:
     """The pipelined plan of ``partition`` with each stage's peak from its
     simulated step, re-partitioned against per-stage budgets corrected by
     simulated/modelled while a stage exceeds ``budget``: (the plan or None, the
-    least simulated worst-stage peak with headroom seen, None if unsimulated)."""
+    least simulated worst-stage peak with its reserve seen, None if unsimulated)."""
     def pipelined(split: Partition) -> Plan:
         return _pipelined(sub_plan, split, stages, chain, microbatches, schedule, budget,
                           intra_s, candidates, time.perf_counter() - t0)
@@ -315,9 +308,10 @@ def _verified(sub_plan: Plan, partition: Partition, stages, chain, microbatches:
         with progress_stage(log, f"simulated {n} pipeline stages") as simulating:
             steps = [simulate(plan, k) for k in range(n)]
             simulating.result(", ".join(f"{s.peak_bytes / 2**20:.1f}" for s in steps) + " MiB")
-        plan = _with_simulated(plan, partition, steps)
+        kept = [reserved(step, STAGE_HEADROOM) for step in steps]
+        plan = _with_simulated(plan, partition, steps, kept)
         plan.solver["pipeline_verify_rounds"] = rounds
-        peaks = [s.peak_bytes * (1 + headroom) for s in steps]
+        peaks = [k.peak_bytes for k in kept]
         least = max(peaks) if least is None else min(least, max(peaks))
         if budget is None or max(peaks) <= budget:
             return plan, least
@@ -334,28 +328,28 @@ def _verified(sub_plan: Plan, partition: Partition, stages, chain, microbatches:
     return None, least
 
 
-def _with_simulated(plan: Plan, partition: Partition, steps) -> Plan:
+def _with_simulated(plan: Plan, partition: Partition, steps, kept) -> Plan:
     """``plan`` with each stage's peak from its simulated step (``steps``, one per
-    stage), the model's kept beside it."""
+    rank; ``kept``, the same with their reserve), the model's kept beside it."""
     record = plan.pipeline
     assert record is not None
     n = len(steps)  # one simulated step per rank, for all its chunks (j mod n)
     stages = tuple(dataclasses.replace(
-        s, predicted_peak_memory_bytes=float(steps[j % n].peak_bytes),
+        s, predicted_peak_memory_bytes=float(kept[j % n].peak_bytes),
         modelled_peak_memory_bytes=float(partition.peak_bytes[j]))
         for j, s in enumerate(record.stages))
     worst = max(range(len(steps)), key=lambda k: steps[k].peak_bytes)
-    step = steps[worst]
+    step, worst_kept = steps[worst], kept[worst]
     solver = {**plan.solver, "simulated": True,
               "modelled_peak_bytes": max(partition.peak_bytes),
               "pipeline_stage_peaks": [{"modelled_bytes": float(m),
                                         "simulated_bytes": float(s.peak_bytes)}
                                        for m, s in zip(partition.peak_bytes, steps)]}
     return dataclasses.replace(
-        plan, predicted_peak_memory_bytes=float(step.peak_bytes),
-        memory_breakdown=dict(step.breakdown),
+        plan, predicted_peak_memory_bytes=float(worst_kept.peak_bytes),
+        memory_breakdown=worst_kept.breakdown,
         memory_breakdown_at=f"stage {worst}, {step.phase} (simulated step)",
-        memory_timeline={"categories": list(CATEGORIES), "samples": step.timeline},
+        memory_timeline=worst_kept.timeline,
         solver=solver, pipeline=dataclasses.replace(record, stages=stages))
 
 

@@ -30,7 +30,8 @@ _CATEGORY_NAMES = {"activations": "activations (kept for the backward)",
                    "backward": "backward (activation gradients, temporaries)",
                    "communication": "communication buffers",
                    "optimizer_step": "optimizer step temporaries",
-                   "workspace": "kernel scratch"}
+                   "workspace": "kernel scratch",
+                   "reserve": "reserve (what the simulated step does not see)"}
 
 
 class PlotDependencyError(AutomapError, ImportError):
