@@ -68,6 +68,15 @@ def test_least_budget_is_a_property_and_plans_there(name, checkpointing):
     assert found.predicted_peak_memory_bytes <= least  # the simulated step fits
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("checkpointing,suggested", [("off", True), ("auto", False)])
+def test_the_error_suggests_checkpointing_only_where_it_did_not_run(checkpointing, suggested):
+    with pytest.raises(InfeasibleBudgetError) as err:
+        _plan("mlp", 1.0, checkpointing)
+    assert ("enable activation checkpointing" in str(err.value)) == suggested, str(err.value)
+    assert "Raise the budget" in str(err.value)
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name,checkpointing,mesh", [
     ("gpt2", "off", (2, 2)), ("gpt2", "auto", (4,)), ("mlp", "auto", (2,))])

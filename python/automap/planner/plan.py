@@ -309,7 +309,7 @@ class Plan:
 
     def _memory_lines(self) -> list[str]:
         """The predicted peak per device and what is live there, by category."""
-        source = ("the simulated step" if self.solver.get("simulated")
+        source = ("the simulated step and its reserve" if self.solver.get("simulated")
                   else "the memory model")
         where = f" ({self.memory_breakdown_at})" if self.memory_breakdown_at else ""
         lines = [f"peak memory per device {format_bytes(self.predicted_peak_memory_bytes)}"

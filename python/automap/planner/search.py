@@ -707,12 +707,14 @@ def _leanest_simulated(err: InfeasibleBudgetError, search, simulated, budget: fl
     peak = leanest.predicted_peak_memory_bytes
     if peak <= budget:
         return leanest
-    message = str(err).split("; the smallest feasible budget")[0]
+    text = str(err)
+    message = text.split("; the smallest feasible budget")[0]
+    # The search's own advice: checkpointing is not suggested where it ran.
+    advice = text[text.index("Raise the budget"):] if "Raise the budget" in text else ""
     raise InfeasibleBudgetError(
         f"{message}; the smallest feasible budget is about {peak:.4g} bytes "
-        f"({_size(peak)}, the leanest plan's simulated step with its reserve). Raise the budget, "
-        "use a larger "
-        "mesh, or enable activation checkpointing.", int(np.ceil(peak))) from None
+        f"({_size(peak)}, the leanest plan's simulated step with its reserve). {advice}",
+        int(np.ceil(peak))) from None
 
 
 def _rung(budget) -> str:
