@@ -33,6 +33,19 @@ class LogSumExpLoss(nn.Module):
         return (torch.logsumexp(logits, -1) - picked).mean() + nll
 
 
+class WeightedCrossEntropy(nn.Module):
+    """Cross-entropy with class weights and an ignored class: over a split
+    batch its mean divides by the global weight sum of the kept targets."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, classes)
+        self.register_buffer("class_weight", torch.rand(classes) + 0.1)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.fc(x), y, weight=self.class_weight, ignore_index=3)
+
+
 class Noisy(nn.Module):
     """Reads its dropout masks and noise through its weight's gradient: the loss
     is sum(w * dropout(x)) + sum(w * rand_like(x)), so w.grad = mask + noise."""
@@ -83,6 +96,9 @@ def _models():
     def noisy():
         return Noisy(), (torch.ones(8, 16),), None
 
+    def weighted_ce():
+        return WeightedCrossEntropy(), (torch.randn(8, 16), torch.randint(0, 10, (8,))), None
+
     def attention_dropout():
         return AttentionDropout(), (torch.randn(1, 4, 16).expand(8, 4, 16).clone(),), None
 
@@ -90,6 +106,7 @@ def _models():
         return ShiftRight(), (torch.randint(0, 16, (8, 6)),), None
 
     local = {"shift_right": shift_right, "logsumexp": logsumexp, "noisy": noisy,
+             "weighted_ce": weighted_ce,
              "attention_dropout": attention_dropout}
     return {**local, **{name: builder for models in model_matrix.MATRIX.values()
                         for name, builder in models.items()}}
