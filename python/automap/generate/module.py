@@ -122,6 +122,43 @@ class ParallelModule(fx.GraphModule):
                 out[name] = redistribute(local.detach(), path, self.groups).clone()
         return out
 
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
+                        error_if_nonfinite: bool = False) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` for this module (collective: every
+        rank of the mesh calls it): the norm of the whole model's gradients, every
+        shard counted once, returned on every rank, and every local gradient
+        scaled by the same factor. torch's function over ``module.parameters()``
+        would take this rank's shards alone for the model: another norm on each
+        rank, replicas drifting apart."""
+        from automap.generate import grad_norm
+
+        norm = grad_norm.check_norm_arguments(max_norm, norm_type)
+        parts = self.grad_norm_parts()
+        whole = self.groups.axis_group(tuple(range(self.plan.mesh.ndim)))
+        device = parts[0][0].device if parts else torch.device("cpu")
+        total = grad_norm.global_grad_norm(parts, norm, whole.group, device)
+        return grad_norm.clip_([g for g, _ in parts], total, float(max_norm),
+                               error_if_nonfinite)
+
+    def grad_norm_parts(self, counted_elsewhere: frozenset[str] = frozenset()
+                        ) -> list[tuple[torch.Tensor, float]]:
+        """(gradient, share) of each parameter shard with a gradient: the share
+        of the model's norm it carries, 1 over the ranks of the mesh holding an
+        identical copy (0 for ``counted_elsewhere``: a tied copy another module
+        counts)."""
+        from automap.generate.grad_norm import shard_share
+
+        out = []
+        for name, shard in self.shards.items():
+            if shard.kind != "parameter":
+                continue
+            grad = self.get_parameter(name).grad
+            if grad is not None:
+                share = 0.0 if name in counted_elsewhere else \
+                    shard_share(shard.spec, self.plan.mesh)
+                out.append((grad, share))
+        return out
+
     def local_parameter_bytes(self) -> int:
         """Bytes of the parameter shards this rank holds."""
         return sum(p.numel() * p.element_size() for p in self.parameters())

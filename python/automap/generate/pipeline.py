@@ -208,6 +208,26 @@ class PipelineModule(nn.Module):
             self._random_state = (torch.get_rng_state(),
                                   torch.cuda.get_rng_state(self._device) if devices else None)
 
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
+                        error_if_nonfinite: bool = False) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` for the pipelined model (collective:
+        every rank of the plan calls it): the norm of every stage's gradients, a
+        weight several stages tie counted once, the same on every rank; each
+        local gradient scaled by the same factor. torch's function over
+        ``module.parameters()`` would take this stage's shards alone."""
+        from automap.generate import grad_norm
+
+        norm = grad_norm.check_norm_arguments(max_norm, norm_type)
+        parts = []
+        for b in self.built:
+            # A tied weight's later copies are scaled with the rest, counted once.
+            later = frozenset(n for n, k in b.first_holder.items() if k != b.index)
+            parts.extend(b.module.grad_norm_parts(counted_elsewhere=later))
+        device = parts[0][0].device if parts else self._device
+        total = grad_norm.global_grad_norm(parts, norm, self.stage.pipeline_group, device)
+        return grad_norm.clip_([g for g, _ in parts], total, float(max_norm),
+                               error_if_nonfinite)
+
     def _sum_shared_gradients(self) -> None:
         """Weights several chunks hold (tied) get the sum of their gradients, once:
         the copies in this rank's chunks are added here, the ranks' sums

@@ -83,6 +83,8 @@ class BuiltStage:
     #: the group of the other holders' ranks or None when only this rank's
     #: chunks hold them). The same list on every chunk of the rank.
     shared: list[tuple[list[str], list[int], object]] = field(default_factory=list)
+    #: Tied weights -> the first chunk holding them (the copy a gradient norm counts).
+    first_holder: dict[str, int] = field(default_factory=dict)
     #: Every rank of the pipeline, for the loss's broadcast.
     pipeline_group: object = None
     loss_source_rank: int = 0
@@ -177,6 +179,7 @@ def build_stages(traced, plan, model: nn.Module, *, device: torch.device, seed: 
                 held.append((names, local, group))
     for b in built:
         b.shared = held
+        b.first_holder = {name: readers[0] for name, readers in shared.items()}
     return built
 
 
