@@ -197,6 +197,7 @@ def test_interleaved_plan_round_robins_chunks(interleaved_plan):
 def test_interleaved_rank_peaks_are_the_simulated_steps(interleaved_plan):
     from automap.api import first_microbatch
     from automap.generate.simulate_pipeline import simulate_stage
+    from automap.planner.reserve import STAGE_HEADROOM, reserved
     from automap.trace.tracing import trace
 
     model, inputs, plan, _ = interleaved_plan
@@ -204,7 +205,7 @@ def test_interleaved_rank_peaks_are_the_simulated_steps(interleaved_plan):
     traced = trace(model, first_microbatch(inputs, 4), loss_fn=mean_square_loss)
     pipe = plan.pipeline
     for r in range(pipe.stage_count):
-        peak = simulate_stage(traced, plan, r).peak_bytes
+        peak = reserved(simulate_stage(traced, plan, r), STAGE_HEADROOM).peak_bytes
         assert {s.predicted_peak_memory_bytes for s in pipe.stages[r::pipe.stage_count]} \
             == {peak}
     assert plan.predicted_peak_memory_bytes == max(s.predicted_peak_memory_bytes

@@ -11,11 +11,13 @@ loss's backward only checks that it is the plain ``loss.backward()`` (a
 gradient of 1; anything else raises ``PipelineError``). ``parameters()`` are
 this rank's shards of its stage's parameters.
 
-Gradient scale: each microbatch's loss (a mean over the microbatch) is divided
-by the number of microbatches before its backward, so the summed gradients are
-those of the batch's mean loss (equal microbatches), and gradients already in
-``.grad`` (accumulation over several calls) are kept as they are; the schedule's
-own ``scale_grads``, which divides the whole ``.grad`` at the end, is off."""
+Gradient scale: each microbatch's loss is multiplied by its weight before its
+backward (``microbatch_loss.py``: 1 / M for a mean over elements, 1 for a sum,
+the microbatch's share of the kept targets for a cross-entropy), so the summed
+losses and gradients are the batch's, and gradients already in ``.grad``
+(accumulation over several calls) are kept as they are; the schedule's own
+``scale_grads``, which divides the whole ``.grad`` at the end, is off. Batch
+norm in training mode with several microbatches is refused."""
 
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from torch.distributed.pipelining import (
 )
 
 from automap.errors import InputMismatchError, InvalidPipelineError, PipelineError
+from automap.generate.microbatch_loss import check_batch_statistics, microbatch_weights
 from automap.generate.module import InputCheck, ParallelModule
 from automap.generate.pipeline_order import interleaved_rounds
 from automap.generate.pipeline_stage import BuiltStage, build_stages
@@ -145,9 +148,13 @@ class PipelineModule(nn.Module):
         m = self.microbatches
         schedule = SCHEDULES[plan.pipeline.schedule]
         # Interleaved: torch places chunk j on group rank j mod n, as the plan does.
+        check_batch_statistics(traced, m)
+        # The schedule's targets are the microbatches' loss weights (their sum
+        # is the batch's loss; microbatch_loss.py).
+        self._weights = microbatch_weights(traced)
         self._schedule = schedule(
             pipes if schedule is ScheduleInterleaved1F1B else pipes[0], m,
-            loss_fn=lambda output, target: output.sum() / m, scale_grads=False)
+            loss_fn=lambda output, weight: output.sum() * weight, scale_grads=False)
         self._anchor = torch.zeros((), requires_grad=True)
         self._check = _batch_check(traced, m)
         self._loss_dtype = built[0].loss_dtype
@@ -166,7 +173,7 @@ class PipelineModule(nn.Module):
         if any(not isinstance(v, torch.Tensor) for v in leaves):
             raise InputMismatchError("a pipelined module takes tensor inputs only")
         losses: list[torch.Tensor] = []
-        targets = [None] * m
+        targets = self._weights(leaves, m)
         with self._stage_random():
             if torch.is_grad_enabled():
                 # Data-parallel gradients are summed once, after the last microbatch.

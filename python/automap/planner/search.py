@@ -21,6 +21,7 @@ from automap.checkpoint.chain import chain_of_plan, choice_of_plan, coarsen, sol
 from automap.checkpoint.record import CheckpointPlan
 from automap.cluster.device import DeviceProfile, resolve_device_profile
 from automap.errors import InfeasibleBudgetError, InvalidMeshError, SolverTimeLimitError
+from automap.generate.microbatch_loss import batch_statistics_node, check_batch_statistics
 from automap.generate.simulate import simulate_step
 from automap.generate.simulate_pipeline import simulate_stage
 from automap.planner.checks import (
@@ -265,6 +266,15 @@ def plan(
             if counts == [1]:
                 raise
             intra_op_error = err
+    if counts != [1] and batch_statistics_node(traced) is not None:
+        # Several microbatches would each be normalised by their own statistics.
+        if pipeline == "auto":
+            counts = [1]
+            if found is None and intra_op_error is not None:
+                raise intra_op_error
+        else:  # "auto" microbatches are at least the stages
+            check_batch_statistics(traced, 2 if isinstance(microbatches, str)
+                                   else int(microbatches))
     if counts != [1]:
         work_s = batch_work_s(traced, profile, device, optimizer, stacks)
         found = _plan_pipelined(model, example_inputs, meshes[0], memory_budget_bytes, counts,
