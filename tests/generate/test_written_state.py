@@ -43,3 +43,34 @@ def test_the_generator_refuses_a_converted_running_statistic():
         forced_plan(model, inputs, loss_fn, MESH, params={},
                     ops={"b_model_1_running_mean": output_is("S0"),
                          "batch_norm": lambda ins, outs: ins[0] == "RRRR"})
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_a_buffer_written_under_no_grad_is_updated_once_in_a_checkpointed_region(tmp_path):
+    """``torch.no_grad()`` around an in-place buffer update exports as a wrapped
+    subgraph; its write was not seen, so a checkpoint region recomputing it
+    wrote the buffer twice and planning failed in autograd's version check."""
+    import copy
+
+    from automap import InfeasibleBudgetError
+    from automap.launch import run_on_gloo
+    from written_state_workers import build, train, train_planned
+
+    model, inputs = build()
+    mesh, slow = DeviceMesh((2,)), speeds(1e6)
+    with pytest.raises(InfeasibleBudgetError) as refused:
+        plan(model, inputs, mesh, 1.0, loss_fn=lambda loss: loss, checkpointing="only", **slow)
+    least = refused.value.smallest_feasible_budget_bytes
+    checkpointed = plan(model, inputs, mesh, least, loss_fn=lambda loss: loss,
+                        checkpointing="only", **slow)
+    assert checkpointed.checkpoint is not None and checkpointed.checkpoint.block_count() >= 1
+    path = tmp_path / "ema.json"
+    checkpointed.to_json(path)
+    serial = copy.deepcopy(model)
+    serial_losses = train(serial, inputs)
+    results = run_on_gloo(train_planned, 2, str(path), timeout_s=200)
+    losses, state = results[0]
+    assert max(abs(a - b) for a, b in zip(losses, serial_losses)) <= 1e-12
+    for name, value in serial.state_dict().items():
+        torch.testing.assert_close(state[name], value, rtol=1e-12, atol=1e-14)

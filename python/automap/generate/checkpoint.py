@@ -87,7 +87,7 @@ def _wrap(graph: fx.Graph, attrs: dict, block: dict, counter) -> None:
     # once per step, not again on recomputation, and checkpoint refuses saved
     # inputs modified after the forward: the region gets an untouched copy,
     # writes its own copy of that, and the call copies the result back.
-    written = list(dict.fromkeys(a for n in region for a in written_args(n)
+    written = list(dict.fromkeys(a for n in region for a in written_args(n, attrs)
                                  if a not in inside))
 
     sub = fx.Graph()

@@ -907,11 +907,40 @@ _BUILDERS = {
 }
 
 
-def written_args(node: fx.Node) -> list[fx.Node]:
-    """The tensors ``node`` writes in place: its schema's mutable arguments, and
-    a training batch norm's running statistics (its schema does not say so)."""
+def _wrapped_subgraph(node: fx.Node, attrs: dict | None = None
+                      ) -> tuple[fx.GraphModule, tuple] | None:
+    """A higher-order op's subgraph (an attribute of the graph's module, or of
+    ``attrs`` for a graph still being built, read by one of its arguments) and
+    the operands after it, or None."""
+    if not isinstance(node.target, torch._ops.HigherOrderOperator):
+        return None
+    owner = node.graph.owning_module
+    for i, arg in enumerate(node.args):
+        if isinstance(arg, fx.Node) and arg.op == "get_attr":
+            target = str(arg.target)
+            sub = attrs.get(target) if attrs is not None and target in attrs else \
+                getattr(owner, target, None) if owner is not None else None
+            if isinstance(sub, fx.GraphModule):
+                return sub, tuple(node.args[i + 1:])
+    return None
+
+
+def written_args(node: fx.Node, attrs: dict | None = None) -> list[fx.Node]:
+    """The tensors ``node`` writes in place: its schema's mutable arguments, a
+    training batch norm's running statistics (its schema does not say so), and
+    the operands a wrapped subgraph writes (``torch.no_grad()`` around an
+    in-place update of a buffer exports as ``wrap_with_set_grad_enabled``: an
+    EMA buffer updated there was recomputed by a checkpoint region, written
+    twice, and failed autograd's version check)."""
     if node.op != "call_function":
         return []
+    wrapped = _wrapped_subgraph(node, attrs)
+    if wrapped is not None:
+        sub, operands = wrapped
+        placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        writes = {a for n in sub.graph.nodes for a in written_args(n)}
+        return [outer for inner, outer in zip(placeholders, operands)
+                if inner in writes and isinstance(outer, fx.Node)]
     if node.target is torch.ops.aten.batch_norm.default:
         training = node.args[5] if len(node.args) > 5 else node.kwargs.get("training")
         return [a for a in node.args[3:5] if isinstance(a, fx.Node)] if training else []
