@@ -59,6 +59,10 @@ def errors_reach_every_rank(rank: int, world: int) -> dict:
     # the training graph; train() (the traced mode) is a no-op.
     out["eval"] = _outcome(module.eval)
     out["training"] = module.train().training
+    # A cast of the state: the program runs in the traced dtypes (float32 here).
+    out["cast"] = _outcome(module.double)
+    out["cast_to"] = _outcome(lambda: module.to(torch.float16))
+    out["moved"] = module.to("cpu").float() is module  # no cast, or a move: torch's
     out["still_trains"] = module(*inputs).item()
     return out
 

@@ -2,7 +2,8 @@
 rank (an argument, planning on the leader) is raised on every rank as the same
 typed error; a stopped rank (SIGSTOP) is reported by the others within the
 setup timeout; a generated module refuses inputs the plan was not made for,
-inputs that require a gradient, and a switch to the mode it was not traced in."""
+inputs that require a gradient, a switch to the mode it was not traced in, and
+a cast of its state to another dtype."""
 
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ def test_errors_reach_every_rank_as_the_same_typed_error():
         assert r["eval"]["class"] == "TrainingModeError", r["eval"]
         assert "traced in training mode" in r["eval"]["message"]
         assert r["training"] is True
+        for key in ("cast", "cast_to"):
+            assert r[key]["class"] == "InvalidArgumentError", (key, r[key])
+            assert "dtypes it was traced in" in r[key]["message"]
+        assert r["moved"] is True
         assert r["still_trains"] == pytest.approx(r["no_optimizer_loss"])
     # The same error on both ranks: rank 0 did not fail itself, it raised rank 1's.
     assert results[0]["argument"]["message"] == results[1]["argument"]["message"]

@@ -63,6 +63,7 @@ def _check_stages(plan: Plan, stages: int, mesh: DeviceMesh) -> None:
     (dict(pipeline=3), "do not cut the mesh"),
     (dict(pipeline="sometimes"), "pipeline must be 'off', 'auto' or a number"),
     (dict(pipeline=2, schedule="zigzag"), "schedule must be one of"),
+    (dict(pipeline=2), "needs at least as many microbatches as stages"),
 ])
 def test_bad_pipeline_arguments_are_refused_before_tracing(options, match):
     with torch.device("meta"):
@@ -76,7 +77,8 @@ def test_more_stages_than_layers_is_refused():
     with torch.device("meta"):
         model, x = nn.Linear(16, 16), torch.randn(8, 16)
     with pytest.raises(InvalidPipelineError, match="splits into at most"):
-        automap.plan(model, (x,), DeviceMesh((8,)), loss_fn=mean_square_loss, pipeline=8, **SPEEDS)
+        automap.plan(model, (x,), DeviceMesh((8,)), loss_fn=mean_square_loss, pipeline=8,
+                     schedule="gpipe", **SPEEDS)
 
 
 def test_a_stage_without_parameters_is_no_stage():
@@ -93,7 +95,7 @@ def test_a_pipeline_over_the_budget_is_refused():
     model, inputs = _mlp(256)
     with pytest.raises(automap.InfeasibleBudgetError, match="no pipeline of"):
         automap.plan(model, inputs, DeviceMesh((4,)), 1e4, loss_fn=mean_square_loss, pipeline=2,
-                     **SPEEDS)
+                     microbatches=2, **SPEEDS)
 
 
 def test_mesh_cuts():
@@ -262,7 +264,8 @@ def test_depth_reduced_stages_count_every_layer():
                                            n_positions=16))
         ids = torch.randint(0, 256, (4, 16))
     plan = automap.plan(model, {"input_ids": ids, "labels": ids}, DeviceMesh((4,)),
-                        pipeline=4, microbatches=2, reduce_depth=True, **SPEEDS)
+                        pipeline=4, microbatches=2, schedule="gpipe", reduce_depth=True,
+                        **SPEEDS)
     stages = plan.pipeline.stages
     assert [(s.first_repeat, s.last_repeat) for s in stages] == [(0, 0), (1, 2), (3, 4),
                                                                   (0, 0)]

@@ -10,7 +10,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import fx, nn
 
-from automap.errors import InputMismatchError, TrainingModeError
+from automap.errors import InputMismatchError, InvalidArgumentError, TrainingModeError
 from automap.generate.state import StateShard
 from automap.sharding.layout import layout_path
 from automap.sharding.process_groups import MeshProcessGroups
@@ -52,6 +52,27 @@ class ParallelModule(fx.GraphModule):
                 "that mode (e.g. model.eval() before autoparallelize), or evaluate the "
                 "serial model")
         return super().train(mode)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        """``nn.Module``'s casts and moves; a cast of the floating state
+        (``.float()``, ``.half()``, ``.to(dtype)``) is refused: the program runs
+        in the traced dtypes, and a cast state failed in its first matmul."""
+        seen = set()
+        for tensor in [*self.parameters(), *self.buffers()]:
+            if not tensor.is_floating_point() or tensor.dtype in seen:
+                continue
+            seen.add(tensor.dtype)
+            try:
+                out = fn(torch.empty((), dtype=tensor.dtype))
+            except Exception:  # a move this machine cannot make: torch says so below
+                continue
+            if isinstance(out, torch.Tensor) and out.dtype != tensor.dtype:
+                raise InvalidArgumentError(
+                    f"this module's program runs in the dtypes it was traced in ({tensor.dtype} "
+                    f"state): a cast to {out.dtype} would change the state but not the "
+                    "program. Cast the model before planning (model.to(dtype), then "
+                    "autoparallelize), or plan with mixed_precision=...")
+        return super()._apply(fn, recurse)
 
     def state_dict(self, *args: Any, destination: Any = None, prefix: str = "",
                    keep_vars: bool = False) -> Any:
@@ -102,7 +123,9 @@ class ParallelModule(fx.GraphModule):
 
     def full_state_dict(self, gradients: bool = False) -> dict[str, torch.Tensor]:
         """Every parameter and buffer gathered whole (collective: every rank of the
-        mesh calls it), by the user's names; for checkpoints and checks.
+        mesh calls it), by the user's names, a tied weight once under its first
+        name (as ``named_parameters()`` names it; ``state_dict()`` has every tied
+        name); for checkpoints and checks.
         ``gradients``: the parameters' gradients instead (those that have one)."""
         out = {}
         with torch.no_grad():

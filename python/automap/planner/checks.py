@@ -153,6 +153,11 @@ def check_pipeline(pipeline, microbatches, schedule, batch: int | None, mesh) ->
             f"microbatches='auto' finds no count of microbatches for {pipeline} stages and "
             f"schedule {schedule!r} in the example batch of {batch} (it needs a divisor of the "
             f"batch from {pipeline} to {MAX_MICROBATCHES_PER_STAGE * pipeline})")
+    if pipeline > 1 and not runs(pipeline) and schedule == "1f1b":
+        raise InvalidPipelineError(
+            f"schedule '1f1b' needs at least as many microbatches as stages: "
+            f"microbatches={microbatches} for pipeline={pipeline} (torch's Schedule1F1B "
+            f"refuses it); pass microbatches >= {pipeline} or schedule='gpipe'")
     if pipeline > 1 and not runs(pipeline):
         rounds = max(1, microbatches // pipeline)
         raise InvalidPipelineError(
@@ -165,7 +170,10 @@ def check_pipeline(pipeline, microbatches, schedule, batch: int | None, mesh) ->
 
 def _schedule_runs(schedule: str, microbatches: int, stages: int) -> bool:
     """Whether torch's schedule takes ``microbatches`` over ``stages`` ranks
-    (interleaved 1F1B: its rounds must divide them)."""
+    (1F1B: at least one per stage; interleaved 1F1B: its rounds must divide
+    them)."""
+    if schedule == "1f1b":
+        return microbatches >= stages
     return schedule != "interleaved" or interleaved_rounds(microbatches, stages) is not None
 
 

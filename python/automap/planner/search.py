@@ -20,7 +20,12 @@ from torch import nn
 from automap.checkpoint.chain import chain_of_plan, choice_of_plan, coarsen, solve_checkpointing
 from automap.checkpoint.record import CheckpointPlan
 from automap.cluster.device import DeviceProfile, resolve_device_profile
-from automap.errors import InfeasibleBudgetError, InvalidMeshError, SolverTimeLimitError
+from automap.errors import (
+    InfeasibleBudgetError,
+    InvalidMeshError,
+    SolverTimeLimitError,
+    TraceError,
+)
 from automap.generate.microbatch_loss import batch_statistics_node, check_batch_statistics
 from automap.generate.simulate import simulate_step
 from automap.generate.simulate_pipeline import simulate_stage
@@ -312,8 +317,17 @@ def _plan_pipelined(model, example_inputs, mesh, memory_budget_bytes, counts, mi
         depth: contextlib.AbstractContextManager[list] = (
             reduced_depth(model) if reduce_depth else contextlib.nullcontext([]))
         with depth as stacks:
-            traced = trace(model, microbatch_inputs(example_inputs, m), loss_fn=loss_fn,
-                           mixed_precision=mixed_precision)
+            try:
+                traced = trace(model, microbatch_inputs(example_inputs, m), loss_fn=loss_fn,
+                               mixed_precision=mixed_precision)
+            except TraceError as err:
+                # The whole batch traced: what fails on a part of it holds
+                # whole-batch tensors outside the inputs.
+                raise TraceError(
+                    f"tracing one of {m} microbatches (dim 0 of every input split) failed, "
+                    f"where the whole batch traced: {err} A pipeline splits the model's "
+                    "inputs only; targets or masks that loss_fn or the model hold for the "
+                    "whole batch (a closure, an attribute) must be passed as inputs") from err
             profile = profile_traced(traced, options["optimizer"])
         reduced[:] = stacks
         trace_s = time.perf_counter() - t0
