@@ -10,7 +10,10 @@ microbatches): a ``reduction="sum"`` loss came out halved (31.90 against
 per microbatch) gave 2.1522 against 2.1230. The weights, per the reduction
 that makes the loss (read from the graph, through dtype casts and scalings):
 
-- a sum (``aten.sum`` of everything, or a loss with ``reduction="sum"``): 1;
+- an unscaled sum (``aten.sum`` of everything, or a loss with
+  ``reduction="sum"``): 1 (a scaled one may divide by the microbatch's size:
+  ``x.sum() / x.numel()`` traces as a division by a constant, so it is taken
+  for a mean);
 - a mean over the kept targets (``cross_entropy``/``nll_loss``, mean): the
   microbatch's count of kept targets (or their class-weight sum) over the
   batch's, counted from the inputs before the step by the graph's own ops from
@@ -63,21 +66,22 @@ def _has_argument(node: fx.Node, name: str) -> bool:
     return any(a.name == name for a in node.target._schema.arguments)
 
 
-def _loss_source(traced) -> fx.Node | None:
+def _loss_source(traced) -> tuple[fx.Node | None, bool]:
     """The node whose reduction makes the graph's loss (through casts and
-    constant scalings), or None."""
+    constant scalings), or None; and whether a constant scaled it."""
     output = next(n for n in traced.graph.nodes if n.op == "output")
     outs = output.args[0]
     node = outs[traced.user_output_index] if isinstance(outs, (tuple, list)) else outs
+    scaled = False
     while isinstance(node, fx.Node) and node.op == "call_function":
         name = _schema_name(node)
         if name in _PASSING:
             node = node.args[0]
         elif name in _SCALING and not any(isinstance(a, fx.Node) for a in node.args[1:]):
-            node = node.args[0]
+            node, scaled = node.args[0], True
         else:
-            return node
-    return None
+            return node, scaled
+    return None, scaled
 
 
 @dataclass(frozen=True)
@@ -102,17 +106,20 @@ class MicrobatchWeights:
 
 def microbatch_weights(traced) -> MicrobatchWeights:
     """How the pipelined step weighs ``traced``'s (one microbatch's) loss."""
-    source = _loss_source(traced)
+    source, scaled = _loss_source(traced)
     if source is None:
         return MicrobatchWeights("mean")
     name = _schema_name(source)
+    # A sum scaled by a constant is ambiguous: the constant may be the
+    # microbatch's own size (x.sum() / x.numel(), a mean traced for one
+    # microbatch), so only an unscaled sum is weighted as one.
     if name == "aten::sum":  # the loss is a scalar: a sum of everything
-        return MicrobatchWeights("sum")
+        return MicrobatchWeights("mean" if scaled else "sum")
     if not _has_argument(source, "reduction"):
         return MicrobatchWeights("mean")
     reduction = _argument(source, "reduction")
     if reduction == _SUM:
-        return MicrobatchWeights("sum")
+        return MicrobatchWeights("mean" if scaled else "sum")
     if reduction != _MEAN or name not in _COUNTED:
         return MicrobatchWeights("mean")
     count = _target_count(traced, source)
