@@ -215,6 +215,61 @@ class PipelineModule(nn.Module):
             self._random_state = (torch.get_rng_state(),
                                   torch.cuda.get_rng_state(self._device) if devices else None)
 
+    def state_dict(self, *args: Any, destination: Any = None, prefix: str = "",
+                   keep_vars: bool = False) -> Any:
+        """This rank's stage's state by the user model's names (its chunks'
+        parameters and buffers, each a ``DTensor`` on the stage's submesh), as a
+        ``ParallelModule``'s; a weight two of its chunks tie appears once. The
+        first call builds the torch meshes of every stage (collective: every rank
+        of the plan calls it)."""
+        self._stage_torch_meshes()
+        out: dict[str, Any] = {} if destination is None else destination
+        for chunk in self.chunks:
+            for key, value in chunk.state_dict(keep_vars=keep_vars).items():
+                out.setdefault(prefix + key, value)
+        return out
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """Load this rank's stage's entries of ``state_dict`` (user names, as
+        ``state_dict()`` gives; whole tensors or DTensors) into its chunks; with
+        ``strict``, a key of the stage missing from it is an error (other
+        stages' keys are expected)."""
+        self._stage_torch_meshes()
+        missing: list[str] = []
+        for chunk in self.chunks:
+            own = list(nn.Module.state_dict(chunk).keys())
+            missing.extend(k for k in own if k not in state_dict)
+            chunk.load_state_dict({k: state_dict[k] for k in own if k in state_dict},
+                                  strict=False, assign=assign)
+        if strict and missing:
+            raise PipelineError(f"the state dict lacks this stage's entries {sorted(missing)}")
+        return nn.modules.module._IncompatibleKeys(sorted(set(missing)), [])
+
+    def _stage_torch_meshes(self) -> None:
+        """One torch ``DeviceMesh`` over every stage (a leading stage axis over
+        the submesh's axes), made by every rank in the same order, and each
+        chunk's submesh sliced from it: a mesh per chunk, made by the ranks of
+        its stage only, left the stages' group creations out of step (the
+        interleaved schedule's state_dict hung)."""
+        if getattr(self, "_stage_meshes_built", False):
+            return
+        from torch.distributed.device_mesh import DeviceMesh as TorchDeviceMesh
+
+        record = self.plan.pipeline
+        n = record.stage_count
+        names = tuple(self.module.plan.mesh.axis_names)
+        grid = torch.tensor([list(record.stages[k].ranks) for k in range(n)],
+                            dtype=torch.int64).reshape(n, *record.submesh_shape)
+        device = next((t.device.type for t in self.parameters()), "cpu")
+        whole = TorchDeviceMesh(device, grid, mesh_dim_names=("pipeline_stage", *names))
+        mine = whole[names[0]] if len(names) == 1 else whole[names]
+        for chunk in self.chunks:
+            if tuple(mine.mesh.flatten().tolist()) != tuple(chunk.plan.mesh.ranks):
+                raise PipelineError(f"stage mesh {mine.mesh.tolist()} is not chunk "
+                                    f"{chunk.plan.mesh.ranks}'s")
+            chunk._torch_mesh = mine
+        self._stage_meshes_built = True
+
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
                         error_if_nonfinite: bool = False) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` for the pipelined model (collective:
