@@ -95,7 +95,7 @@ class MicrobatchWeights:
     def __call__(self, leaves: list, microbatches: int) -> list[float]:
         if self.kind == "sum":
             return [1.0] * microbatches
-        if self.kind == "mean" or self.count is None:
+        if self.count is None:  # "mean"
             return [1.0 / microbatches] * microbatches
         chunks = [torch.chunk(v, microbatches, dim=0) if isinstance(v, torch.Tensor)
                   else [v] * microbatches for v in leaves]
@@ -204,19 +204,21 @@ _BATCH_NORM = {"aten::batch_norm", "aten::native_batch_norm", "aten::_native_bat
                "aten::miopen_batch_norm"}
 
 
-def check_batch_statistics(traced, microbatches: int) -> None:
+def check_batch_statistics(traced, microbatches: int | str) -> None:
     """``InvalidPipelineError`` where ``traced`` normalises by batch statistics
     in training mode and the pipeline splits the batch into several
-    microbatches: each would be normalised by its own statistics (a sweep: a
-    first layer's gradient norm 17.2 against the serial model's 1.26, and
-    ``num_batches_tracked`` counting every microbatch)."""
-    if microbatches <= 1:
+    microbatches (``"auto"``: at least one per stage, so several): each would
+    be normalised by its own statistics (a sweep: a first layer's gradient norm
+    17.2 against the serial model's 1.26, and ``num_batches_tracked`` counting
+    every microbatch)."""
+    if microbatches != "auto" and int(microbatches) <= 1:
         return
     name = batch_statistics_node(traced)
     if name is not None:
+        count = "several" if microbatches == "auto" else microbatches
         raise InvalidPipelineError(
             f"the model normalises by batch statistics in training mode ({name}): a "
-            f"pipeline of {microbatches} microbatches would normalise each by its own "
+            f"pipeline of {count} microbatches would normalise each by its own "
             "statistics and update the running statistics once per microbatch, which is "
             "not the serial model's step. Use microbatches=1, pipeline='off', or a "
             "normalisation without batch statistics (LayerNorm, GroupNorm)")

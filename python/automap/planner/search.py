@@ -277,9 +277,8 @@ def plan(
             counts = [1]
             if found is None and intra_op_error is not None:
                 raise intra_op_error
-        else:  # "auto" microbatches are at least the stages
-            check_batch_statistics(traced, 2 if isinstance(microbatches, str)
-                                   else int(microbatches))
+        else:
+            check_batch_statistics(traced, microbatches)
     if counts != [1]:
         work_s = batch_work_s(traced, profile, device, optimizer, stacks)
         found = _plan_pipelined(model, example_inputs, meshes[0], memory_budget_bytes, counts,
