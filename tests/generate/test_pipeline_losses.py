@@ -17,7 +17,7 @@ from pipeline_loss_workers import build, serial, step
 pytestmark = pytest.mark.multiprocess
 
 SPEEDS = dict(flops_per_s=1e9, memory_bandwidth_bytes_per_s=1e12, op_overhead_s=1e-6)
-KINDS = ("sum", "ce", "ce_weighted")
+KINDS = ("sum", "ce", "ce_weighted", "ce_empty")
 
 
 @pytest.fixture(scope="module")

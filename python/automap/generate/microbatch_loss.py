@@ -20,9 +20,10 @@ that makes the loss (read from the graph, through dtype casts and scalings):
   the input to the loss's target (label shifts included);
 - anything else (a mean over elements): ``1 / M``.
 
-Left: a microbatch whose targets are all ignored has a NaN loss of its own
-(0 / 0), which its weight 0 does not cancel; batch norm's statistics are per
-microbatch (refused where a pipeline has several, ``check_batch_statistics``)."""
+A microbatch whose targets are all ignored has weight 0 and a NaN loss of its
+own (0 / 0); the pipeline's loss function drops it (``pipeline._weighted_loss``).
+Batch norm's statistics are per microbatch (refused where a pipeline has
+several, ``check_batch_statistics``)."""
 
 from __future__ import annotations
 

@@ -103,6 +103,16 @@ class _SendContiguous(nn.Module):
         return tuple(v.contiguous() for v in out)
 
 
+def _weighted_loss(output: torch.Tensor, weight: float) -> torch.Tensor:
+    """A microbatch's share of the batch's loss. Weight 0: a cross-entropy
+    microbatch keeping no target, whose own mean is 0 / 0 (NaN) where the serial
+    loss holds none of its terms; its backward gets a gradient of 0."""
+    loss = output.sum()
+    if weight == 0:
+        return torch.where(torch.isnan(loss), torch.zeros_like(loss), loss) * 0.0
+    return loss * weight
+
+
 class _FinishedLoss(torch.autograd.Function):
     """The step's loss, whose backward already ran inside the schedule."""
 
@@ -154,7 +164,7 @@ class PipelineModule(nn.Module):
         self._weights = microbatch_weights(traced)
         self._schedule = schedule(
             pipes if schedule is ScheduleInterleaved1F1B else pipes[0], m,
-            loss_fn=lambda output, weight: output.sum() * weight, scale_grads=False)
+            loss_fn=_weighted_loss, scale_grads=False)
         self._anchor = torch.zeros((), requires_grad=True)
         self._check = _batch_check(traced, m)
         self._loss_dtype = built[0].loss_dtype
