@@ -98,3 +98,37 @@ def test_bisected_ladder_skips_only_infeasible_rungs(fraction, monkeypatch):
     # rungs solved before it as candidates, and the climb solves more of them
     # (stop 30, 0.6: 6.064 against 6.054 ms).
     assert bisected.predicted_step_s <= climbed.predicted_step_s * (1 + MIP_REL_GAP)
+
+
+def test_a_rung_just_above_a_failed_dive_is_skipped(monkeypatch):
+    """A rung whose LP fits but whose dive finds no plan is close to the LP's
+    bound; the grid rung a few percent above it fails alike (GPT-2 small on
+    (4,4,4) at 0.5x: 1.7 s and 3.7 s of dives for no plan), so it is not
+    solved; rungs further up are."""
+    monkeypatch.setattr(search, "_checkpoint", lambda *args: (None, None))
+    solved = []
+
+    class Plain:
+        peak_memory_bytes = 40.0  # every plan found fits the budget unchanged
+
+    class Fastest:
+        peak_memory_bytes = 200.0
+
+    class Instance:
+        def could_fit(self, budget):
+            return True
+
+    def solve(budget, find_least=True):
+        if budget is None:
+            return Fastest()
+        solved.append(budget)
+        if budget < 100.0:
+            raise search.InfeasibleBudgetError("the dive found no plan", None)
+        return Plain()
+
+    monkeypatch.setattr(search, "_ladder", lambda budget, top, alpha, steps:
+                        [50.0, 51.0, 100.0])
+    found = search._two_stage(None, None, None, 50.0, solve, Instance(), lambda sol: sol,
+                              "auto", 0.25, 3, None, None)
+    assert isinstance(found, Plain)
+    assert solved == [50.0, 100.0]  # 51 (2 % above the failed 50) skipped

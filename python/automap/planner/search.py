@@ -81,6 +81,12 @@ LADDER_ALPHA, LADDER_STEPS = 0.25, 10
 #: plans nothing a dive finds).
 LADDER_TOP_MARGIN = 0.01
 
+#: A rung this share or less above one whose LP was feasible but whose dive
+#: found no plan is skipped: just above the LP's bound its dive fails too
+#: (GPT-2 small on (4,4,4) at 0.5x: the budget's dive failed in 1.7 s and the
+#: grid's rung 1.3 % above it in 3.7 s, for no plan).
+LADDER_FAILED_DIVE_MARGIN = 0.05
+
 #: Where the budget is under the least-budget LP's bound, the ladder starts
 #: this share above the bound (just above it the ILP is infeasible or slow).
 LADDER_FLOOR_MARGIN = 1e-3
@@ -469,7 +475,12 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                             node_weight, edge_weight, blocks, stacks, device, optimizer,
                             trace_s, t1 - t0, checkpoint, estimate)
 
-        def fastest_within(budget):
+        def fastest():
+            """The unconstrained optimum, packaged anew (simulating changes a plan):
+            the same on any instance."""
+            return package(solver(ilp)(None))
+
+        def fastest_within(budget, fastest_plan=None):
             """The fastest plan where it fits ``budget`` (else None): by the
             program-order model, or, modelled up to ``MODEL_SLACK`` over it,
             by its simulated step. The budgeted ILP's rows bound the peak from
@@ -478,12 +489,12 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
             (4,) with every parameter whole, at the fastest plan's own peak:
             modelled 0.25 % over it, and 0.4823 s found where it, 0.4780 s,
             fits)."""
-            fastest = package(solver(ilp)(None))  # the same on any instance
-            modelled = fastest.predicted_peak_memory_bytes
+            fastest_plan = fastest_plan or fastest()
+            modelled = fastest_plan.predicted_peak_memory_bytes
             if modelled <= budget:
-                return fastest
+                return fastest_plan
             if verify and modelled <= budget * (1 + MODEL_SLACK):
-                checked = simulated(fastest)
+                checked = simulated(fastest_plan)
                 if checked.predicted_peak_memory_bytes <= budget:
                     return checked
             return None
@@ -508,9 +519,9 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                               package, mode, ladder_alpha, steps, repeats,
                               leanest if least else None)
 
-        return search, ilp, fastest_within
+        return search, ilp, fastest_within, fastest
 
-    search, ilp, _ = searcher(table)
+    search, ilp, _, _ = searcher(table)
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     verify = verify and not stacks  # a depth-reduced plan is not generated: no simulation
     steps: dict[tuple, object] = {}  # one simulation per distinct program
@@ -594,18 +605,40 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     # parameters make the leaner plan).
     whole = restricted(table, parameters_whole) if SEARCH_WHOLE_PARAMETERS else None
     searched, whole_s = found, None
+    # The family's state alone is a lower bound of its plans' peaks: over the
+    # budget, none fits; where nothing fitted, at or over the least budget the
+    # first search names, none names a smaller one (GPT-2 small on (4,4,4) at
+    # 0.3x: 6.5 s of a 47 s error).
+    whole_floor = math.inf if whole is None else _state_bytes(whole, node_weight)
+    named = [e.smallest_feasible_budget_bytes for e in failures]
     if whole is not None and (found is None or _shards_parameters(found)) and not (
-            found is not None and memory_budget_bytes is not None
-            and _state_bytes(whole, node_weight) > memory_budget_bytes):
-        search_whole, ilp_whole, whole_fastest_within = searcher(whole)
+            (found is not None and memory_budget_bytes is not None
+             and whole_floor > memory_budget_bytes)
+            or (found is None and named and all(b is not None for b in named)
+                and whole_floor >= min(named))):
+        search_whole, ilp_whole, whole_fastest_within, whole_fastest = searcher(whole)
         # "auto" without a second ladder (within a budget: one more ILP)...
         mode = "off" if checkpointing == "auto" else checkpointing
         plain_fits = False
+        best_whole = whole_fastest() if found is not None and \
+            memory_budget_bytes is not None else None
+        if best_whole is not None and best_whole.predicted_step_s >= found.predicted_step_s:
+            # The family's fastest plan is no faster than the one found: a budget
+            # only removes plans and checkpointing only adds recomputation.
+            log.info("plans with every parameter whole: the fastest (%.3f ms) is not "
+                     "faster than %.3f ms; not searched within the budget",
+                     best_whole.predicted_step_s * 1e3, found.predicted_step_s * 1e3)
+            plain_fits = True
         # The LP relaxation's rows bound the peak from above: it may refuse a
-        # budget the fastest whole plan fits.
-        if found is None or memory_budget_bytes is None or \
-                whole_fastest_within(memory_budget_bytes) is not None or \
-                ilp_whole.could_fit(memory_budget_bytes):
+        # budget the fastest whole plan fits. The family's strategies are some
+        # of the first's under the same rows: where the first's relaxation
+        # proved the budget infeasible (the ILP-alone check above asked), so
+        # is theirs (0.9 s, its rows' build and LP, on GPT-2 small (2,2,2)).
+        if not plain_fits and (
+                found is None or memory_budget_bytes is None
+                or whole_fastest_within(memory_budget_bytes, best_whole) is not None
+                or (ilp.could_fit(memory_budget_bytes)
+                    and ilp_whole.could_fit(memory_budget_bytes))):
             try:
                 found = verified(lambda b, fresh=False: search_whole(b, mode, fresh),
                                  simulated if found is None else faster_than(found),
@@ -630,8 +663,12 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 # LP of a fresh instance, 22 s of 37 on GPT-2 small (2,2,2) at
                 # 0.5x) would be the leaner plans the first search has already
                 # searched.
+                # No grid rung: the budget's own is the plain search's, and the
+                # grid's top rung (0.99 of the fastest plan's peak) cost an LP
+                # probe for about the fastest plan again (0.7 s on GPT-2 small
+                # (2,2,2) at 0.5x).
                 found = verified(
-                    lambda b, fresh=False: search_whole(b, "auto", fresh, steps=1,
+                    lambda b, fresh=False: search_whole(b, "auto", fresh, steps=0,
                                                         least=False),
                     faster_than(found), memory_budget_bytes)
                 whole_s = found.predicted_step_s
@@ -787,12 +824,21 @@ def _two_stage(traced, profile, table, budget, solve, instance, package, checkpo
         if best is None or found.predicted_step_s < best.predicted_step_s:
             best = found
 
+    failed_dives: list[float] = []
+
     def climb(rung):
         if rung is not None and not could_fit(rung):
             return  # the LP relaxation proves it: no need for the least budget
+        if rung is not None and any(
+                failed < rung <= failed * (1 + LADDER_FAILED_DIVE_MARGIN)
+                for failed in failed_dives):
+            log.info("%s: just above a rung whose dive found no plan; skipped", _rung(rung))
+            return
         try:
             sol = solve(rung, find_least=False) if rung is not None else fastest
         except InfeasibleBudgetError:
+            # The LP fits, so its dive found no plan (nor did any solve before).
+            failed_dives.append(rung)
             return
         except SolverTimeLimitError as err:
             # One rung the solver could not decide: the others still plan (it
