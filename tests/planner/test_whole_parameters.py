@@ -118,10 +118,11 @@ def test_within_a_budget_whole_parameters_are_checkpointed_too():
 
 
 def test_the_top_rung_alone_runs_no_least_budget_lp(monkeypatch):
-    """The whole family's checkpointed top rung (above) climbs its rungs and
-    stops: no plan of least memory and no rung over the LP's least bound, both
-    of which cost the least-budget LP of a fresh instance (on GPT-2 small
-    (2,2,2) at 0.5x that LP took the row from 12 to 37 s for no plan); the
+    """A search with ``least=False`` climbs its rungs and stops: no plan of
+    least memory and no rung over the LP's least bound, both of which cost the
+    least-budget LP of a fresh instance (on GPT-2 small (2,2,2) at 0.5x the
+    whole family's top rung took the row from 12 to 37 s for no plan that
+    way; it now checkpoints the family's fastest plan alone, "only"); the
     error it raises then names no least."""
     from automap.planner import search as searching
 

@@ -663,14 +663,13 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 # LP of a fresh instance, 22 s of 37 on GPT-2 small (2,2,2) at
                 # 0.5x) would be the leaner plans the first search has already
                 # searched.
-                # No grid rung: the budget's own is the plain search's, and the
-                # grid's top rung (0.99 of the fastest plan's peak) cost an LP
-                # probe for about the fastest plan again (0.7 s on GPT-2 small
-                # (2,2,2) at 0.5x).
+                # The fastest plan alone ("only"): the budget's own rung is the
+                # plain search's, and the grid's top rung (0.99 of the fastest
+                # plan's peak) is about the fastest plan again; their LP probes
+                # cost 0.7 and 1.3 s on GPT-2 small (2,2,2) at 0.5x.
                 found = verified(
-                    lambda b, fresh=False: search_whole(b, "auto", fresh, steps=0,
-                                                        least=False),
-                    faster_than(found), memory_budget_bytes)
+                    lambda b, fresh=False: search_whole(b, "only", fresh, least=False),
+                    faster_than(found), memory_budget_bytes, leanest=False)
                 whole_s = found.predicted_step_s
             except (InfeasibleBudgetError, _NotFaster):
                 pass
