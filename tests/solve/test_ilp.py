@@ -399,3 +399,37 @@ def test_the_objective_ceiling_is_above_every_feasible_point_and_changes_no_deci
     without = [ShardingIlp(table, merge_followers=False, exact_columns=0).could_fit(b)
                for b in budgets]
     assert with_ceiling == without
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_dive_stops_where_it_cannot_beat_a_known_plan(seed, monkeypatch):
+    """Issue 15: a dive at a larger budget than one already solved is cut off
+    at the best known fitting plan's objective less the MIP gap (a fix that
+    reaches it fails as an infeasible one does), so the plan returned is never
+    worse than the known one and no better than the optimum; the relaxation's
+    objective bound is the ceiling again afterwards, and a dive whose root is
+    already at the cutoff runs no LP."""
+    rng = random.Random(5000 + seed)
+    table = _random_table(rng, DeviceMesh((2, 2), alpha_s=[1e-6, 1e-5]))
+    ilp = ShardingIlp(table, merge_followers=False, exact_columns=0)
+    fastest = ilp.solve(None)
+    peaks = [estimate_memory(table, dict(zip(table.nodes, combo)), timeline(table)).peak_bytes
+             for combo in itertools.product(*(range(len(n)) for n in table.nodes.values()))]
+    low = (min(peaks) + fastest.peak_memory_bytes) / 2
+    try:
+        known = ilp.solve(low)
+    except InfeasibleBudgetError:
+        return
+    high = (low + fastest.peak_memory_bytes) / 2
+    best_s, _ = _brute_force(table, high)
+    sol = ilp.solve(high)
+    assert best_s * (1 - 1e-9) <= sol.objective_s <= known.objective_s * (1 + 1e-9)
+    model = ilp._budgeted
+    if model is None or model.relaxed is None:
+        return  # the fastest plan is also the leanest: nothing was dived
+    assert model.relaxed.getOptionValue("objective_bound")[1] == model.objective_ceiling()
+    root = float(model.relaxed.getInfo().objective_function_value)
+    runs = []
+    monkeypatch.setattr(ilp, "_run", lambda *a, **k: runs.append(1))
+    assert ilp._dive(model, model.relaxed, np.zeros(model.lp.num_col_), root) is None
+    assert not runs
