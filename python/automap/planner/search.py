@@ -928,9 +928,19 @@ def _lowest_fitting(rungs: list[float], could_fit) -> int:
     fit (``len(rungs)``: none). Its feasibility is monotone in the budget, so
     bisection decides the rungs in about log2(n) relaxations, without the
     least-budget LP (GPT-2 small on (2,2,2): 12-34 s, where most rungs are
-    decided in 0.4-4 s); ``could_fit`` keeps what each proved, so the
+    decided in 0.4-4 s). The second-highest rung is asked first: under
+    budgets far below the fastest plan's peak on 3-D meshes only the top rung
+    fits, and two probes decide, the last of them the rung the climb starts
+    from, solved already (bisecting from the middle took three on GPT-2 small
+    (2,2,2) at 0.3x, and the climb solved its rung again); elsewhere it costs
+    one probe more at most. ``could_fit`` keeps what each proved, so the
     climb's own calls for these rungs cost nothing."""
     low, high = 0, len(rungs)  # rungs[:low] cannot fit; rungs[high:] may
+    if len(rungs) > 2:
+        if could_fit(rungs[-2]):
+            high = len(rungs) - 2
+        else:
+            low = len(rungs) - 1
     while low < high:
         middle = (low + high) // 2
         if could_fit(rungs[middle]):
