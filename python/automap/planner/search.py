@@ -499,14 +499,12 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                     return checked
             return None
 
-        def search(budget, mode=checkpointing, fresh=False, steps=ladder_steps,
-                   least=True):
+        def search(budget, mode=checkpointing, fresh=False, least=True):
             """The model-based search at ``budget``; ``fresh``: on an ILP of its own, a
             function of the budget alone (where the least budget an error names is
             found, so that a later call at that budget finds the same plan);
-            ``steps``: the two-stage ladder's grid rungs; ``least``: where no rung
-            fits, fall back to the plan of least memory (and name the least budget),
-            else fail without naming one."""
+            ``least``: where no rung fits, fall back to the plan of least memory
+            (and name the least budget), else fail without naming one."""
             instance = make_ilp() if fresh else ilp
             if budget is None:
                 return package(solver(instance)(None))
@@ -516,7 +514,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                     return fastest
                 return package(solver(instance)(budget, find_least=least))
             return _two_stage(traced, profile, options, budget, solver(instance), instance,
-                              package, mode, ladder_alpha, steps, repeats,
+                              package, mode, ladder_alpha, ladder_steps, repeats,
                               leanest if least else None)
 
         return search, ilp, fastest_within, fastest
@@ -928,19 +926,9 @@ def _lowest_fitting(rungs: list[float], could_fit) -> int:
     fit (``len(rungs)``: none). Its feasibility is monotone in the budget, so
     bisection decides the rungs in about log2(n) relaxations, without the
     least-budget LP (GPT-2 small on (2,2,2): 12-34 s, where most rungs are
-    decided in 0.4-4 s). The second-highest rung is asked first: under
-    budgets far below the fastest plan's peak on 3-D meshes only the top rung
-    fits, and two probes decide, the last of them the rung the climb starts
-    from, solved already (bisecting from the middle took three on GPT-2 small
-    (2,2,2) at 0.3x, and the climb solved its rung again); elsewhere it costs
-    one probe more at most. ``could_fit`` keeps what each proved, so the
+    decided in 0.4-4 s); ``could_fit`` keeps what each proved, so the
     climb's own calls for these rungs cost nothing."""
     low, high = 0, len(rungs)  # rungs[:low] cannot fit; rungs[high:] may
-    if len(rungs) > 2:
-        if could_fit(rungs[-2]):
-            high = len(rungs) - 2
-        else:
-            low = len(rungs) - 1
     while low < high:
         middle = (low + high) // 2
         if could_fit(rungs[middle]):
