@@ -13,7 +13,7 @@ from automap import DeviceMesh
 from automap.cluster.device import DeviceProfile
 from automap.planner.pipeline_chain import Chain, Unit
 from automap.planner.pipeline_mesh import cut_mesh
-from automap.planner.pipeline_partition import price_bounds, schedule_step_s, stage_tail_s
+from automap.planner.pipeline_partition import price_bounds, schedule_step_s, stage_sync_s
 
 
 def _chain(times, grad_bytes=0.0, optimizer_s=0.0) -> Chain:
@@ -83,15 +83,43 @@ def test_the_step_adds_the_tail_and_the_tied_weights():
     assert again.backward_s[0] == pytest.approx(part.backward_s[0] + 2 / 3)
 
 
+def test_a_later_stage_syncs_its_gradients_while_earlier_stages_drain():
+    """A stage syncs when its schedule ends, after its last backward; the
+    backward of the stages before it still runs then, so only the sync that
+    outlasts that drain adds to the step; the optimizer steps after the
+    module's call, on every rank together (the max, not added to the sync)."""
+    mesh = DeviceMesh((2, 2), alpha_s=[1e-3, 1e-4], bandwidth_bytes_per_s=[1e6, 1e8])
+    stages = cut_mesh(mesh, 2)
+    # Stage 0: two cheap units without gradients; stage 1: two with large ones.
+    units = [Unit(i, i, 0, forward_s=0.1, backward_s=0.2, optimizer_s=0.01 * (i + 1),
+                  sync={(f"p{i}", 0): ((0,), 5e7)} if i >= 2 else {},
+                  out_bytes=1e3, out_grad_bytes=1e3) for i in range(4)]
+    chain = Chain([f"n{i}" for i in range(4)], units, {})
+    part = price_bounds(chain, stages, [(0, 2), (2, 4)], [False, False], 4, "1f1b")
+    sync_1 = stage_sync_s(chain, stages, 2, 4)
+    drain_1 = part.backward_s[0]  # stage 0's backward after stage 1's last one
+    assert sync_1 > drain_1 > 0
+    assert part.tail_s == pytest.approx(sync_1 - drain_1 + (0.03 + 0.04))
+    # Ranks sharing their compute drain one at a time, up to the slowdown faster.
+    shared = price_bounds(chain, stages, [(0, 2), (2, 4)], [False, False], 4, "1f1b",
+                          shared_slowdown=2.0)
+    assert shared.tail_s == pytest.approx(sync_1 - drain_1 / 2 + 0.07)
+    # A drain longer than the sync hides it; stage 0 (no gradients) adds nothing.
+    hidden = dataclasses.replace(chain, units=[
+        dataclasses.replace(u, backward_s=20.0) if i < 2 else u for i, u in enumerate(units)])
+    assert price_bounds(hidden, stages, [(0, 2), (2, 4)], [False, False], 4,
+                        "1f1b").tail_s == pytest.approx(0.07)
+
+
 def test_the_gradients_pay_the_latency_once_per_bucket():
     mesh = DeviceMesh((2, 2), alpha_s=[1e-3, 1e-3], bandwidth_bytes_per_s=[1e9, 1e9])
     stages = cut_mesh(mesh, 2)
     chain = _chain(np.ones(20), grad_bytes=1e5)
-    tail = stage_tail_s(chain, stages, 0, 10)
+    tail = stage_sync_s(chain, stages, 0, 10)
     assert tail == pytest.approx(stages.submesh.all_reduce_cost_s(1e6, (0,)))
     assert tail < 10 * stages.submesh.all_reduce_cost_s(1e5, (0,)) / 2
     # Past a bucket's bytes, one more bucket.
-    assert stage_tail_s(chain, stages, 0, 10, bucket_bytes=4e5) == pytest.approx(
+    assert stage_sync_s(chain, stages, 0, 10, bucket_bytes=4e5) == pytest.approx(
         2 * stages.submesh.all_reduce_cost_s(4e5, (0,))
         + stages.submesh.all_reduce_cost_s(2e5, (0,)))
 

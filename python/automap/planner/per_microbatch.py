@@ -1,7 +1,7 @@
 """The strategy table a pipeline stage's intra-op plan is chosen on: the
 stage runs one microbatch's forward and backward ``M`` times per step but
 all-reduces its parameters' gradients and steps the optimizer once, after
-the last microbatch (``pipeline_partition.stage_tail_s``). The ILP prices a
+the last microbatch (``pipeline_partition.stage_sync_s``). The ILP prices a
 node's strategy as one step, so on the plain table it weighs a parameter
 sharded over a slow axis (its all-gather paid per microbatch, ``M`` times)
 one for one against the parameter replicated (its gradient all-reduced once):

@@ -44,7 +44,7 @@ class Unit:
     backward_s: float = 0.0
     optimizer_s: float = 0.0  # once per step
     #: The deferred gradients it reads: key -> (mesh axes, local bytes); a
-    #: stage all-reduces them in buckets (``pipeline_partition.stage_tail_s``).
+    #: stage all-reduces them in buckets (``pipeline_partition.stage_sync_s``).
     sync: dict = field(default_factory=dict)
     saved_bytes: float = 0.0  # kept from a microbatch's forward to its backward
     transient_bytes: float = 0.0  # the largest while one node runs

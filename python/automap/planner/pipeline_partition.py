@@ -2,7 +2,8 @@
 (``pipeline_chain``) split into ``n`` contiguous stages minimising the
 schedule's step
 
-    latency(sum(t_k), max(t_k)) + max_k(sync_k + optimizer_k) + tied_s
+    latency(sum(t_k), max(t_k)) + max_k max(0, sync_k - drain_k)
+        + max_k(optimizer_k) + tied_s
 
 (``schedule_step_s``: ``sum(t_k) + (M - 1) * max(t_k)`` on devices of
 their own)
@@ -27,7 +28,9 @@ ascending from the least feasible cap until ``(M - 1) * T`` alone outweighs
 the best found. Where ranks share their compute the split is still chosen
 so (the shared latency cannot tell balanced from unbalanced stages of
 equal sum) and the step reported is ``schedule_step_s``'s shared one. The
-gradient sync and optimizer tail (``stage_tail_s``) and the tied weights'
+gradient sync (``stage_sync_s``, less the drain after the stage's last
+backward: ``drain_k``, the backward of stages ``k - 1 .. 0``), the optimizer
+step and the tied weights'
 all-reduce are added after the DP (they are small next to the microbatches
 and nearly the same for every split)."""
 
@@ -353,9 +356,18 @@ def price_bounds(chain: Chain, stages: StageMeshes, bounds, recompute: list[bool
         forward.append(float(ranges.compute[0][a, b]) + (send[k] if k < chunks - 1 else 0.0))
         backward.append(float(ranges.compute[1][a, b]) + back + again)
     t = [f + b for f, b in zip(forward, backward)]
-    # Per rank: its chunks' tails and peaks add up (each chunk is its own module).
-    tail = max(sum(stage_tail_s(chain, stages, a, b) for a, b in bounds[r::n])
-               for r in range(n))
+    # Per rank: its chunks' gradient syncs and peaks add up (each chunk is its
+    # own module). A rank syncs when its schedule ends, after its last backward
+    # (its lowest chunk's, chunk r's): chunks r - 1 .. 0 still run theirs (the
+    # drain; where ranks share compute, one at a time, so up to the slowdown
+    # faster), and only what outlasts that adds to the step. The optimizer
+    # steps after the module's call, which ends on every rank together (the
+    # loss's broadcast).
+    tail = max(max(0.0, sum(stage_sync_s(chain, stages, a, b) for a, b in bounds[r::n])
+                   - sum(backward[:r]) / max(shared_slowdown, 1.0))
+               for r in range(n)) \
+        + max(sum(u.optimizer_s for a, b in bounds[r::n] for u in units[a:b])
+              for r in range(n))
     peaks = peak_bytes or [0.0] * chunks
     rank_peak = [sum(p for j, p in enumerate(peaks) if j % n == r) for r in range(n)]
     tied = _tied_s(chain, ranges, stages, bounds)
@@ -366,11 +378,10 @@ def price_bounds(chain: Chain, stages: StageMeshes, bounds, recompute: list[bool
                      send, tail, tied, step, list(recompute), virtual)
 
 
-def stage_tail_s(chain: Chain, stages: StageMeshes, a: int, b: int,
+def stage_sync_s(chain: Chain, stages: StageMeshes, a: int, b: int,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> float:
-    """What the stage of units ``[a, b)`` runs after its last microbatch: the
-    optimizer step of its parameters and the all-reduce of its deferred
-    gradients, packed as ``GradientSync`` packs them (buckets of
+    """The all-reduce of the deferred gradients of the stage of units
+    ``[a, b)``, packed as ``GradientSync`` packs them (buckets of
     ``bucket_bytes`` per set of mesh axes, each gradient once), so the
     latency is paid per bucket, not per parameter."""
     units = chain.units[a:b]
@@ -386,7 +397,7 @@ def stage_tail_s(chain: Chain, stages: StageMeshes, a: int, b: int,
         full, rest = divmod(total, bucket_bytes)
         sync += full * mesh.all_reduce_cost_s(bucket_bytes, axes)
         sync += mesh.all_reduce_cost_s(rest, axes) if rest > 0 else 0.0
-    return sum(u.optimizer_s for u in units) + sync
+    return sync
 
 
 def _tied_s(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds) -> float:
