@@ -192,6 +192,7 @@ def build_strategy_table(
     nodes: dict[str, NodeOptions] = {}
     unsupported: dict[str, list[str]] = {}
     params: set[str] = set()  # trainable parameter placeholders
+    memo: dict = {}  # einsum strategies per distinct question (_op_options)
     graph = traced.graph
 
     for node in graph.nodes:
@@ -219,7 +220,7 @@ def build_strategy_table(
             needs_grad[node.name] = any(grads) and any(o.is_float for o in outs)
             prof = profile.by_name.get(node.name) if profile is not None else None
             nodes[node.name] = _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count,
-                                           device, params)
+                                           device, params, memo)
             written = {a.name for a in written_args(node)}
             nodes[node.name].written_inputs = frozenset(
                 k for k, (p, _) in enumerate(sig.inputs) if p in written)
@@ -322,7 +323,7 @@ def _is_view(node) -> bool:
 
 
 def _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count, device: DeviceProfile,
-                params):
+                params, memo: dict):
     flops = float(prof.fwd_flops + prof.bwd_flops) if prof is not None else 0.0
     name, op = node.name, op_family(node)
     reductions = None  # only einsum strategies run collectives of their own
@@ -330,22 +331,33 @@ def _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count, device: De
     view_s = device.op_overhead_s * (2 if any(grads) else 1)
     if sig.kind == "einsum":
         def strategies(flops: float):
-            return _core.einsum_strategies(
-                mesh, device.flops_per_s, device.memory_bandwidth_bytes_per_s,
-                device.op_overhead_s, sig.letter_sizes, sig.unshardable, sig.input_letters,
-                sig.output_letters, [float(i.nbytes) for i in ins],
-                [float(o.nbytes) for o in outs], grads, sig.additive_flags(), flops,
-                _is_view(node))
+            # A model's repeated blocks ask the same (GPT-2 small: 12 times each,
+            # half of the table's build): enumerated once per distinct question.
+            key = (tuple(sig.letter_sizes), tuple(sig.unshardable),
+                   tuple(map(tuple, sig.input_letters)), tuple(map(tuple, sig.output_letters)),
+                   tuple(float(i.nbytes) for i in ins), tuple(float(o.nbytes) for o in outs),
+                   tuple(grads), tuple(sig.additive_flags()), flops, _is_view(node))
+            found = memo.get(key)
+            if found is None:
+                in_specs, out_specs, costs, reductions = _core.einsum_strategies(
+                    mesh, device.flops_per_s, device.memory_bandwidth_bytes_per_s,
+                    device.op_overhead_s, sig.letter_sizes, sig.unshardable,
+                    sig.input_letters, sig.output_letters, list(key[4]), list(key[5]),
+                    grads, sig.additive_flags(), flops, key[9])
+                found = memo[key] = ([tuple(s) for s in in_specs],
+                                     [tuple(s) for s in out_specs], costs, reductions)
+            return found
 
         in_specs, out_specs, costs, reductions = strategies(flops)
         costs = np.frombuffer(costs, dtype=np.float64).reshape(-1, 3)
-        in_specs = [tuple(s) for s in in_specs]
+        in_specs = list(in_specs)
         if node.meta.get(CAUSAL_MASK):
             costs = _causal_kernel_costs(node, in_specs, costs, strategies, flops)
         if sig.split_reductions is not None:
             costs = costs + _split_reduction_costs(sig.split_reductions, ins, in_specs, mesh,
                                                    shard_count)
-        out_specs = [tuple(s) for s in out_specs]
+        out_specs = list(out_specs)
+        reductions = None if reductions is None else list(reductions)
     elif sig.kind == "view":
         pairs = _core.reshape_strategies(list(ins[0].shape), list(outs[0].shape), mesh)
         in_specs = [(a,) for a, _ in pairs]
