@@ -342,6 +342,9 @@ class ShardingIlp:
         #: is often the budget the ILP-alone search asks next: 1.9 s again on
         #: GPT-2 small on (4,4,4)).
         self._dive_failed: dict[float, float] = {}
+        #: Per edge's spec lists: their distinct specs, indices and conversion
+        #: costs (a model's repeated blocks and both builds ask the same).
+        self._edge_specs: dict[tuple, tuple] = {}
 
     def solve(self, memory_budget_bytes: float | None = None, *, find_least: bool = True
               ) -> IlpSolution:
@@ -849,10 +852,16 @@ class ShardingIlp:
             b_specs = [nodes[consumer].in_specs[i][k] for i in index[consumer]]
             if ru == rv and a_specs == b_specs:
                 continue  # a follower reads its producer's output as it is
-            ua, a_idx = np.unique(a_specs, return_inverse=True)
-            ub, b_idx = np.unique(b_specs, return_inverse=True)
             info = nodes[producer].outputs[o]
-            r = resharding_cost_matrix(table.mesh, list(ua), list(ub), info.shape, info.dtype_bytes)
+            question = (tuple(a_specs), tuple(b_specs), info.shape, info.dtype_bytes)
+            known = self._edge_specs.get(question)
+            if known is None:
+                ua, a_idx = np.unique(a_specs, return_inverse=True)
+                ub, b_idx = np.unique(b_specs, return_inverse=True)
+                known = self._edge_specs[question] = (
+                    ua, a_idx, ub, b_idx, resharding_cost_matrix(
+                        table.mesh, list(ua), list(ub), info.shape, info.dtype_bytes))
+            ua, a_idx, ub, b_idx, r = known
             r = r * ew.get((producer, o, consumer, k), 1.0)
             if k in nodes[consumer].written_inputs or (k == 0 and _in_place(nodes[consumer].op)):
                 # The op writes into this input: it must arrive as produced.
