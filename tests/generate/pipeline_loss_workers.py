@@ -15,7 +15,11 @@ FLOAT = torch.float64
 class Net(nn.Module):
     """Four layers and a head; ``kind``: "sum" (a sum-reduced squared error),
     "ce" (cross-entropy over shifted labels with ignored targets, as language
-    models compute it) or "ce_weighted" (with class weights too)."""
+    models compute it), "ce_weighted" (with class weights too), "ce_empty"
+    (cross-entropy whose first microbatch keeps no target at all: its own loss
+    is 0 / 0), "tuple" and "tuple_sum" (cross-entropy returned first in a tuple
+    with the logits, taken by the default loss and by ``first_summed``: both
+    were weighted as a sum, twice the loss with two microbatches)."""
 
     def __init__(self, kind: str) -> None:
         super().__init__()
@@ -33,7 +37,24 @@ class Net(nn.Module):
         logits = out[:, :-1].reshape(-1, 8)
         labels = y[:, 1:].reshape(-1)
         weight = self.class_weight if self.kind == "ce_weighted" else None
-        return F.cross_entropy(logits, labels, weight=weight)
+        loss = F.cross_entropy(logits, labels, weight=weight)
+        return (loss, out) if self.kind.startswith("tuple") else loss
+
+
+def first_summed(output):
+    return output[0].sum()
+
+
+def _itself(loss):
+    return loss
+
+
+#: The loss function each kind plans and applies with (None: the default).
+LOSS_FNS = {"tuple": None, "tuple_sum": first_summed}
+
+
+def loss_fn_of(kind: str):
+    return LOSS_FNS.get(kind, _itself)
 
 
 def build(kind: str):
@@ -53,6 +74,7 @@ def build(kind: str):
 def serial(kind: str):
     model, inputs = build(kind)
     loss = model(*inputs)
+    loss = loss[0] if isinstance(loss, tuple) else loss
     loss.backward()
     return float(loss), {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -61,7 +83,8 @@ def step(rank: int, world: int, cases: list[tuple[str, str]]) -> list:
     out = []
     for kind, path in cases:
         model, inputs = build(kind)
-        module = automap.apply(automap.Plan.from_json(path), model, inputs)
+        module = automap.apply(automap.Plan.from_json(path), model, inputs,
+                               loss_fn=loss_fn_of(kind))
         loss = module(*inputs)
         loss.backward()
         grads = {}

@@ -1,8 +1,9 @@
 """A pipelined step's loss and gradients are the whole batch's for losses that
 are not a mean over equally many terms per microbatch: a sum-reduced loss
-(came out divided by M) and cross-entropy whose kept targets fall unevenly
+(came out divided by M), cross-entropy whose kept targets fall unevenly
 across the microbatches (2.1522 against the serial 2.1230), with and without
-class weights (``generate/microbatch_loss.py``)."""
+class weights, a microbatch keeping none (NaN), and a loss returned first in
+a tuple (2x: its default loss summed the scalar) (``generate/microbatch_loss.py``)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ import torch
 import automap
 from automap import DeviceMesh
 from automap.launch import run_on_gloo
-from pipeline_loss_workers import build, serial, step
+from pipeline_loss_workers import build, loss_fn_of, serial, step
 
 pytestmark = pytest.mark.multiprocess
 
 SPEEDS = dict(flops_per_s=1e9, memory_bandwidth_bytes_per_s=1e12, op_overhead_s=1e-6)
-KINDS = ("sum", "ce", "ce_weighted", "ce_empty")
+KINDS = ("sum", "ce", "ce_weighted", "ce_empty", "tuple", "tuple_sum")
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def runs(tmp_path_factory):
     cases = []
     for kind in KINDS:
         model, inputs = build(kind)
-        plan = automap.plan(model, inputs, DeviceMesh((2,)), loss_fn=lambda loss: loss,
+        plan = automap.plan(model, inputs, DeviceMesh((2,)), loss_fn=loss_fn_of(kind),
                             pipeline=2, microbatches=2, schedule="gpipe", **SPEEDS)
         assert plan.pipeline is not None and len(plan.pipeline.stages) == 2
         path = folder / f"{kind}.json"

@@ -76,13 +76,20 @@ def _loss_source(traced) -> tuple[fx.Node | None, bool]:
     scaled = False
     while isinstance(node, fx.Node) and node.op == "call_function":
         name = _schema_name(node)
-        if name in _PASSING:
+        if name in _PASSING or (name == "aten::sum" and _is_scalar(node.args[0])):
+            # (the sum of a scalar is that scalar: a loss returned first in a
+            # tuple, summed by a loss_fn, was weighted as a sum, 2x with M = 2)
             node = node.args[0]
         elif name in _SCALING and not any(isinstance(a, fx.Node) for a in node.args[1:]):
             node, scaled = node.args[0], True
         else:
             return node, scaled
     return None, scaled
+
+
+def _is_scalar(value) -> bool:
+    val = value.meta.get("val") if isinstance(value, fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dim() == 0
 
 
 @dataclass(frozen=True)

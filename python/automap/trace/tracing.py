@@ -255,7 +255,8 @@ def default_loss(output: Any) -> torch.Tensor:
         return hf_loss
     for leaf in pytree.tree_leaves(output):
         if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
-            return leaf.sum()
+            # A scalar (a loss returned first in a tuple) is the loss itself.
+            return leaf if leaf.dim() == 0 else leaf.sum()
     raise TraceError(
         f"the model's output ({type(output).__name__}) has no floating-point tensor to "
         "differentiate; pass loss_fn=... that maps the output to a scalar loss"
