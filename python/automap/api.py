@@ -165,6 +165,7 @@ def autoparallelize(
     return _generate(channel, traced, plan, model, dev, local_inputs, seed)
 
 
+@torch.enable_grad()  # it traces the training step (also inside an eval loop)
 def apply(plan: Plan, model: nn.Module, example_inputs: Any = None, *,
           loss_fn: LossFn | None = None, local_inputs: bool = False,
           device: str | torch.device | None = None, seed: int = 0,

@@ -215,3 +215,15 @@ def test_an_input_of_another_dtype_than_the_model_is_refused_when_traced():
     with pytest.raises(automap.TraceError, match=r"linear .* \['float32', 'float64'\]"):
         automap.plan(model, (torch.randn(4, 16),), DeviceMesh((2,)), loss_fn=_loss,
                      flops_per_s=1e6)
+
+
+def test_planning_inside_no_grad_plans_the_training_step(case):
+    """Planning from an evaluation loop (under ``torch.no_grad()``) plans the
+    training step as it does outside (it failed with autograd's raw error)."""
+    model, x, mesh, p, traced = case
+    with torch.no_grad():
+        inside = automap.plan(model, (x,), mesh, loss_fn=_loss, flops_per_s=1e6)
+        again = trace(model, (x,), loss_fn=_loss)
+    assert inside.to_dict()["nodes"] == p.to_dict()["nodes"]
+    assert inside.predicted_step_s == p.predicted_step_s
+    inside.check_matches(again, mesh)

@@ -194,6 +194,7 @@ class _Timeline:
         return out
 
 
+@torch.enable_grad()
 def simulate_step(traced, plan, *, rank: int | None = None, optimizer="adamw",
                   device: str | torch.device = "cpu", backend: str = "gloo",
                   local_inputs: bool = False,

@@ -60,6 +60,7 @@ from automap.trace.profiling import (
 )
 
 
+@torch.enable_grad()
 def simulate_stage(traced, plan, stage: int, *, position: int = 0, optimizer="adamw",
                    device: str | torch.device = "cpu", backend: str = "gloo",
                    grad_bucket_bytes: int | None = DEFAULT_BUCKET_BYTES) -> SimulatedStep:

@@ -151,6 +151,7 @@ def plan_best(traced, profile, meshes, memory_budget_bytes=None, **options) -> P
 
 
 @verbose_switch
+@torch.enable_grad()  # planning runs a training step (also inside an eval loop)
 def plan(
     model: nn.Module,
     example_inputs: Any,
@@ -382,6 +383,7 @@ def parameter_dtype(traced) -> torch.dtype:
 
 
 @verbose_switch
+@torch.enable_grad()
 def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 optimizer="adamw", device: DeviceProfile | None = None, flops_per_s=None,
                 memory_bandwidth_bytes_per_s=None, op_overhead_s=None, strict=False,

@@ -327,6 +327,7 @@ def profile(
     return profile_traced(traced, optimizer, device=_target_device(model, device))
 
 
+@torch.enable_grad()  # a training step, whatever the caller's grad mode
 def profile_traced(
     traced: TracedGraph, optimizer: OptimizerArg = "adamw", *, device: str | torch.device = "cpu"
 ) -> Profile:

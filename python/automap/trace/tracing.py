@@ -289,6 +289,7 @@ def distinct_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return pytree.tree_map_only(torch.Tensor, distinct, (args, kwargs))
 
 
+@torch.enable_grad()  # the training graph, whatever the caller's grad mode
 def trace(
     model: nn.Module,
     example_inputs: Any,
