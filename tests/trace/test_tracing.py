@@ -161,6 +161,9 @@ def test_default_loss_forms():
     assert default_loss(scalar) is scalar
     assert default_loss({"loss": scalar, "logits": torch.ones(2)}) is scalar
     assert default_loss((torch.ones(2, 3),)).item() == 6.0
+    # A loss returned first in a tuple is the loss, not summed (a pipeline
+    # weighed the sum as a sum-reduced loss: twice the loss on two microbatches).
+    assert default_loss((scalar, torch.ones(2, 3))) is scalar
     with pytest.raises(TraceError, match="loss_fn"):
         default_loss(torch.ones(2, dtype=torch.int64))
 
@@ -187,3 +190,24 @@ def test_one_tensor_passed_twice_stays_two_inputs():
     x = torch.randn(3)
     traced = trace(Two(), (x, x))
     assert len(traced.user_input_nodes) == 2
+
+
+def test_operands_of_two_dtypes_are_refused_where_eager_refuses_them():
+    """Fake tensors do not check a matmul's operand dtypes: a float32 input through
+    a LayerNorm without weights into a float64 model's Linear traced and planned,
+    and failed at the generated module's first call on every rank."""
+    class Normed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.LayerNorm(8, elementwise_affine=False)
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.fc(self.norm(x)).sum()
+
+    model = Normed().double()
+    with pytest.raises(RuntimeError):
+        model(torch.randn(2, 8))  # eager refuses it
+    with pytest.raises(TraceError, match="float32"):
+        trace(model, (torch.randn(2, 8),))
+    trace(model, (torch.randn(2, 8, dtype=torch.float64),))  # one dtype: traced

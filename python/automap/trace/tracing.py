@@ -353,17 +353,31 @@ _ONE_DTYPE_OPS = frozenset({
 # weights.)
 
 
+def _op_name(node: torch.fx.Node) -> str | None:
+    return getattr(getattr(node.target, "_overloadpacket", None), "__name__", None)
+
+
+def _real_dtype(node: torch.fx.Node) -> bool:
+    """Whether ``node``'s traced dtype is the one eager computes: inputs and
+    parameters, and what ops compute from them (type promotion as eager's), but
+    not what FFTs give (fake propagation's may differ)."""
+    name = _op_name(node) or ""
+    return node.op == "placeholder" or (node.op == "call_function"
+                                        and "fft" not in name and "complex" not in name)
+
+
 def _check_operand_dtypes(graph_module: torch.fx.GraphModule) -> None:
-    """A ``TraceError`` where an op of ``_ONE_DTYPE_OPS`` reads floating inputs or
-    parameters (placeholders: their dtypes are the real ones; an intermediate's
-    may be fake propagation's, e.g. after FFTs) of several dtypes, before mixed
-    precision inserts its casts."""
+    """A ``TraceError`` where an op of ``_ONE_DTYPE_OPS`` reads floating tensors of
+    several dtypes, before mixed precision inserts its casts: its inputs and
+    parameters, and intermediates (a float32 input through a LayerNorm without
+    weights into a float64 model's first Linear planned, and failed at the
+    first call on every rank)."""
     for node in graph_module.graph.nodes:
-        name = getattr(getattr(node.target, "_overloadpacket", None), "__name__", None)
+        name = _op_name(node)
         if node.op != "call_function" or name not in _ONE_DTYPE_OPS:
             continue
         dtypes = {str(v.dtype).removeprefix("torch.") for a in node.all_input_nodes
-                  if a.op == "placeholder"
+                  if _real_dtype(a)
                   and isinstance(v := a.meta.get("val"), torch.Tensor) and v.is_floating_point()}
         if len(dtypes) > 1:
             stack = node.meta.get("nn_module_stack") or {}
