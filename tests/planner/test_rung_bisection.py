@@ -115,8 +115,13 @@ def test_a_rung_just_above_a_failed_dive_is_skipped(monkeypatch):
         peak_memory_bytes = 200.0
 
     class Instance:
+        exact = False
+
         def could_fit(self, budget):
             return True
+
+        def solves_exactly(self):
+            return self.exact
 
     def solve(budget, find_least=True):
         if budget is None:
@@ -132,3 +137,10 @@ def test_a_rung_just_above_a_failed_dive_is_skipped(monkeypatch):
                               "auto", 0.25, 3, None, None)
     assert isinstance(found, Plain)
     assert solved == [50.0, 100.0]  # 51 (2 % above the failed 50) skipped
+    # Branch and bound's proof that one rung has no plan says nothing of the next.
+    solved.clear()
+    exact = Instance()
+    exact.exact = True
+    search._two_stage(None, None, None, 50.0, solve, exact, lambda sol: sol, "auto", 0.25, 3,
+                      None, None)
+    assert solved == [50.0, 51.0, 100.0]

@@ -836,8 +836,10 @@ def _two_stage(traced, profile, table, budget, solve, instance, package, checkpo
         try:
             sol = solve(rung, find_least=False) if rung is not None else fastest
         except InfeasibleBudgetError:
-            # The LP fits, so its dive found no plan (nor did any solve before).
-            failed_dives.append(rung)
+            if not instance.solves_exactly():
+                # The LP fits, so its dive found no plan (nor did any solve
+                # before); branch and bound's proof says nothing of the next rung.
+                failed_dives.append(rung)
             return
         except SolverTimeLimitError as err:
             # One rung the solver could not decide: the others still plan (it
