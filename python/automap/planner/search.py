@@ -611,11 +611,12 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     # 0.3x: 6.5 s of a 47 s error).
     whole_floor = math.inf if whole is None else _state_bytes(whole, node_weight)
     named = [e.smallest_feasible_budget_bytes for e in failures]
+    least_named = min((float(b) for b in named if b is not None), default=math.inf) \
+        if named and None not in named else math.inf
     if whole is not None and (found is None or _shards_parameters(found)) and not (
             (found is not None and memory_budget_bytes is not None
              and whole_floor > memory_budget_bytes)
-            or (found is None and named and all(b is not None for b in named)
-                and whole_floor >= min(named))):
+            or (found is None and whole_floor >= least_named)):
         search_whole, ilp_whole, whole_fastest_within, whole_fastest = searcher(whole)
         # "auto" without a second ladder (within a budget: one more ILP)...
         mode = "off" if checkpointing == "auto" else checkpointing

@@ -353,17 +353,9 @@ _ONE_DTYPE_OPS = frozenset({
 # weights.)
 
 
-def _op_name(node: torch.fx.Node) -> str | None:
+def _packet_name(node: torch.fx.Node) -> str | None:
+    """The aten op's name without overload (``linear``), None for other targets."""
     return getattr(getattr(node.target, "_overloadpacket", None), "__name__", None)
-
-
-def _real_dtype(node: torch.fx.Node) -> bool:
-    """Whether ``node``'s traced dtype is the one eager computes: inputs and
-    parameters, and what ops compute from them (type promotion as eager's), but
-    not what FFTs give (fake propagation's may differ)."""
-    name = _op_name(node) or ""
-    return node.op == "placeholder" or (node.op == "call_function"
-                                        and "fft" not in name and "complex" not in name)
 
 
 def _check_operand_dtypes(graph_module: torch.fx.GraphModule) -> None:
@@ -372,12 +364,20 @@ def _check_operand_dtypes(graph_module: torch.fx.GraphModule) -> None:
     parameters, and intermediates (a float32 input through a LayerNorm without
     weights into a float64 model's first Linear planned, and failed at the
     first call on every rank)."""
+    # Nodes whose traced dtype is eager's: inputs and parameters, and what ops
+    # compute from such (type promotion as eager's), not from an FFT's output
+    # (fake propagation's dtype may differ there, and in what follows it).
+    real: set[torch.fx.Node] = set()
     for node in graph_module.graph.nodes:
-        name = _op_name(node)
+        name = _packet_name(node)
+        if node.op == "placeholder" or (
+                node.op == "call_function" and "fft" not in (name or "")
+                and "complex" not in (name or "") and all(a in real for a in node.all_input_nodes)):
+            real.add(node)
         if node.op != "call_function" or name not in _ONE_DTYPE_OPS:
             continue
         dtypes = {str(v.dtype).removeprefix("torch.") for a in node.all_input_nodes
-                  if _real_dtype(a)
+                  if a in real
                   and isinstance(v := a.meta.get("val"), torch.Tensor) and v.is_floating_point()}
         if len(dtypes) > 1:
             stack = node.meta.get("nn_module_stack") or {}
