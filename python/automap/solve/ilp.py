@@ -345,6 +345,7 @@ class ShardingIlp:
         #: Per edge's spec lists: their distinct specs, indices and conversion
         #: costs (a model's repeated blocks and both builds ask the same).
         self._edge_specs: dict[tuple, tuple] = {}
+        self._edge_memory: dict[tuple, tuple | None] = {}  # likewise their bytes
 
     def solve(self, memory_budget_bytes: float | None = None, *, find_least: bool = True
               ) -> IlpSolution:
@@ -868,10 +869,21 @@ class ShardingIlp:
                 r = np.where(ua[:, None] == ub[None, :], r, r + _FORBIDDEN_S)
             mem = None
             if memory is not None and consumer in memory.line.position:
-                mem = edge_memory(table, memory.line, (producer, o, consumer, k), list(ua),
-                                  list(ub), memory.shard_count)
-                if not any(m.any() for m in mem):
-                    mem = None
+                edge = (producer, o, consumer, k)
+                kind = nodes[producer].kind
+                # A function of these alone but for a user input's (its reader's
+                # saved bytes): asked once per distinct question.
+                asked = None if kind == "input" else (
+                    question, kind, edge in memory.line.saved_copy_edges)
+                if asked is None or asked not in self._edge_memory:
+                    mem = edge_memory(table, memory.line, edge, list(ua), list(ub),
+                                      memory.shard_count)
+                    if not any(m.any() for m in mem):
+                        mem = None
+                    if asked is not None:
+                        self._edge_memory[asked] = mem
+                else:
+                    mem = self._edge_memory[asked]
             key = None
             if ru == rv:
                 group_cost[ru] = group_cost[ru] + r[a_idx, b_idx]
