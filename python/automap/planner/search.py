@@ -151,7 +151,6 @@ def plan_best(traced, profile, meshes, memory_budget_bytes=None, **options) -> P
 
 
 @verbose_switch
-@torch.enable_grad()  # planning runs a training step (also inside an eval loop)
 def plan(
     model: nn.Module,
     example_inputs: Any,
@@ -383,7 +382,6 @@ def parameter_dtype(traced) -> torch.dtype:
 
 
 @verbose_switch
-@torch.enable_grad()
 def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 optimizer="adamw", device: DeviceProfile | None = None, flops_per_s=None,
                 memory_bandwidth_bytes_per_s=None, op_overhead_s=None, strict=False,
@@ -611,8 +609,8 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     # 0.3x: 6.5 s of a 47 s error).
     whole_floor = math.inf if whole is None else _state_bytes(whole, node_weight)
     named = [e.smallest_feasible_budget_bytes for e in failures]
-    least_named = min((float(b) for b in named if b is not None), default=math.inf) \
-        if named and None not in named else math.inf
+    known = [float(b) for b in named if b is not None]
+    least_named = min(known) if known and len(known) == len(named) else math.inf
     if whole is not None and (found is None or _shards_parameters(found)) and not (
             (found is not None and memory_budget_bytes is not None
              and whole_floor > memory_budget_bytes)
