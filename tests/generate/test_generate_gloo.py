@@ -49,7 +49,7 @@ CASES = {
     (2, 2): [
         ("mlp", "solver"), ("mlp", "2d"), ("mlp", "dp"), ("resnet", "solver_slow"),
         ("gpt2", "solver_slow"), ("gpt2", "dp_tokens"), ("llama", "solver_slow"),
-        ("block", "batch_heads"),
+        ("block", "batch_heads"), ("state_parts", "dp"),
     ],
 }
 
@@ -104,6 +104,11 @@ def _report(mesh_shape, results) -> list[str]:
         missing = [names for names in MUST_USE.get(case["case"]["plan"], [])
                    if not used.intersection(names)]
         checks.append((not missing, f"the plan does not exercise {missing}"))
+        if case["case"]["plan"] == "dp":
+            # Data parallelism reduces every gradient in the buckets, also those
+            # reaching parameters through parts computed from state alone.
+            checks.append(("identity_all_reduce_grad(" not in case["code"],
+                           "a data-parallel gradient is all-reduced inside the backward"))
         failures += [f"{label}: {msg}" for ok, msg in checks if not ok]
     return failures
 

@@ -134,6 +134,28 @@ class TorchTransformer(nn.Module):
         return self.head(self.encoder(self.embed(ids)).mean(1))
 
 
+class StateParts(nn.Module):
+    """Parameters a batch-split activation reads through parts of the graph
+    computed from state alone: a learned position table looked up by
+    ``arange`` (GPT-2's ``wpe``), scaled by a parameter that is also read
+    directly, and a gate through a sigmoid. Under data parallelism their
+    gradients are bucketed (``defer_parameter_gradient_sync``), not
+    all-reduced where the backward reaches each read."""
+
+    def __init__(self, width: int = HIDDEN, seq: int = SEQ, classes: int = 10) -> None:
+        super().__init__()
+        self.inp = nn.Linear(width, width)
+        self.pos = nn.Embedding(seq, width)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, width))
+        self.gate = nn.Parameter(torch.linspace(-1.0, 1.0, width))
+        self.out = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        positions = self.pos(torch.arange(x.shape[1], device=x.device)) * self.scale
+        h = torch.tanh(self.inp(x) + positions) * torch.sigmoid(self.gate)
+        return self.out((h * self.scale).mean(1))
+
+
 def _images(device, n: int = BATCH, size: int = 32) -> torch.Tensor:
     return torch.randn(n, 3, size, size, device=device)
 
@@ -150,6 +172,13 @@ def mlp(device="cpu"):
     with torch.device(device):
         model = MLP()
     x, y = torch.randn(32, 64, device=device), _classes(device, 32)
+    return model, (x,), lambda out: _cross_entropy(out, y)
+
+
+def state_parts(device="cpu"):
+    with torch.device(device):
+        model = StateParts()
+    x, y = torch.randn(8, SEQ, HIDDEN, device=device), _classes(device, 8)
     return model, (x,), lambda out: _cross_entropy(out, y)
 
 

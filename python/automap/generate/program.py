@@ -88,7 +88,7 @@ def assemble_graph(out: GeneratedGraph, traced, plan, groups, grad_bucket_bytes:
         if state.canonical != state.name and state.canonical in out.shards})
     # Gradients come roughly in reverse order of first use.
     synced = [(module.get_parameter(name), groups.axis_group(axes))
-              for name, axes in reversed(deferred)]
+              for name, axes in reversed(deferred) if module.get_parameter(name).requires_grad]
     setting = getattr(plan, "mixed_precision", None)
     module.gradient_sync = GradientSync(synced, grad_bucket_bytes or DEFAULT_BUCKET_BYTES,
                                         reduce_dtype=setting.reduce_dtype if setting else None)

@@ -67,8 +67,8 @@ def shared_gradient_savings(table, choice) -> dict[str, float]:
     all-reduce a bucket runs is left out: those readers' all-reduces are taken
     out whole (``node_times``) and priced in the buckets."""
     saved: dict[str, float] = {}
-    bucketed = {producer for _, _, producers in deferred_with_readers(table, choice).values()
-                for producer in producers}
+    bucketed = {edge[0] for _, _, edges in deferred_with_readers(table, choice).values()
+                for edge in edges}
     for group in table_shared_gradients(table, choice):
         if group.producer in bucketed:
             continue
@@ -123,11 +123,12 @@ def node_times(profile, table, choice, edge_weight=None) -> dict[str, NodeTime]:
         t.into_forward_s += w * path.forward_cost_s
         t.into_backward_s += w * backward_s
         t.into_forward_once_s += path.forward_cost_s
-    # Producers whose readers' gradient all-reduce a bucket runs instead: the
-    # parameter, or its cast (priced on the cast's output, which it reduced).
-    deferred_reads = {producer: axes
-                      for axes, _, producers in deferred_with_readers(table, choice).values()
-                      for producer in producers}
+    # Reads whose gradient all-reduce a bucket runs instead: of the parameter,
+    # its cast, or a part computed from state alone (priced on what it read).
+    deferred_reads: dict[tuple[str, int], list] = {}
+    for axes, _, edges in deferred_with_readers(table, choice).values():
+        for producer, o, consumer, k in edges:
+            deferred_reads.setdefault((consumer, k), [producer, o, axes])
     shard_count = ShardCounts(mesh)
     shared_s = shared_gradient_savings(table, choice)
     for name, node in table.nodes.items():
@@ -137,12 +138,13 @@ def node_times(profile, table, choice, edge_weight=None) -> dict[str, NodeTime]:
         share = prof.fwd_flops / flops if flops else FORWARD_SHARE_WITHOUT_FLOPS
         compute = float(node.compute_s[c])
         bwd_comm = float(node.backward_comm_s[c]) - shared_s.get(name, 0.0)
-        for producer, o in node.inputs:
-            if producer in deferred_reads:  # all-reduced in a bucket, not by the node
+        for k in range(len(node.inputs)):
+            if (name, k) in deferred_reads:  # all-reduced in a bucket, not by the node
+                producer, o, axes = deferred_reads[(name, k)]
                 source = table.nodes[producer]
                 nbytes = source.outputs[o].nbytes / shard_count(
                     source.out_specs[choice[producer]][o])
-                bwd_comm -= mesh.all_reduce_cost_s(nbytes, deferred_reads[producer])
+                bwd_comm -= mesh.all_reduce_cost_s(nbytes, axes)
         times[name].forward_s = compute * share + float(node.forward_comm_s[c])
         times[name].backward_s = compute * (1 - share) + max(bwd_comm, 0.0)
     return times

@@ -15,62 +15,117 @@ from automap.sharding.collectives import DEFAULT_BUCKET_BYTES
 from automap.solve.strategies import ShardCounts
 
 CAST_OP = "_to_copy"  # op_family of a cast
+STATE_KINDS = ("parameter", "buffer", "constant")
 
 
-def _reads_through_casts(table, choice, readers, producer: str, o: int, consumer: str, k: int):
-    """The reads of a parameter edge, looking through a cast it feeds as stored
-    (mixed precision's, ``generate/build._through_casts``): the cast's own reads
-    of its output instead, each (producer, output, consumer, input);
-    ``readers``: producer -> its out-edges."""
-    cast = table.nodes[consumer]
-    src = table.nodes[producer].out_specs[choice[producer]][o]
-    if cast.op != CAST_OP or len(cast.inputs) != 1 or src != cast.in_specs[choice[consumer]][k]:
-        return [(producer, o, consumer, k)]
-    return readers.get(consumer) or [(producer, o, consumer, k)]
+def _state_only_parts(table, choice) -> tuple[dict[str, str], set[str]]:
+    """The parts of the graph computed from stored state alone, as
+    ``generate/build._state_only_components`` finds them in the generated graph:
+    state reads, and nodes whose every input is such a part read as stored
+    with no gradient reduction of its own (a conversion or a reduction puts a
+    collective in between, which is not state). Returns node -> its part's
+    root, and the roots of parts with a member whose output is partial (its
+    reader in the program is an all-reduce: such a part is not deferred)."""
+    root: dict[str, str] = {}
+
+    def find(name: str) -> str:
+        while root[name] != name:
+            root[name] = root[root[name]]
+            name = root[name]
+        return name
+
+    partial = set()
+    for name, node in table.nodes.items():
+        if node.kind in STATE_KINDS:
+            root[name] = name
+            continue
+        if node.kind in ("input", "output"):
+            continue
+        c = choice[name]
+        reductions = node.reductions[c] if node.reductions is not None else ((), None, [])
+        grads = reductions[2]
+        if any(producer not in root or k < len(grads) and grads[k]
+               or table.nodes[producer].out_specs[choice[producer]][o] != node.in_specs[c][k]
+               for k, (producer, o) in enumerate(node.inputs)):
+            continue
+        root[name] = name
+        for producer, _ in node.inputs:
+            root[find(producer)] = name
+        if reductions[0]:
+            partial.add(name)
+    parts = {name: find(name) for name in root}
+    return parts, {parts[name] for name in partial}
 
 
 def deferred_gradients(table, choice) -> dict[str, tuple[tuple[int, ...], float]]:
     """Parameter placeholder -> (mesh axes, bucket bytes) of the gradients the
     generated program all-reduces in buckets (``defer_parameter_gradient_sync``
-    in ``generate/build.py``): every use reads the parameter as stored (or a
-    cast of it, itself read as produced) and reduces its gradient over the
-    same axes. The bytes are the local shard's in the table's
+    in ``generate/build.py``): every read from outside the parameter's part of
+    the graph computed from state alone (the parameter itself, its cast, a
+    position embedding's lookup) is as stored and reduces its gradient over
+    the same axes. The bytes are the local shard's in the table's
     ``gradient_reduce_bytes`` per element (mixed precision's ``reduce_dtype``),
     else in the parameter's dtype. Tied placeholders count as their canonical one."""
     return {param: (axes, nbytes) for param, (axes, nbytes, _) in
             deferred_with_readers(table, choice).items()}
 
 
-def deferred_with_readers(table, choice) -> dict[str, tuple[tuple[int, ...], float, list[str]]]:
-    """``deferred_gradients`` plus, per parameter, the producers (the parameter,
-    its casts) whose readers' gradient all-reduces the buckets take over."""
-    readers: dict[str, list] = {}
-    for edge in table.edges():
-        readers.setdefault(edge[0], []).append(edge)
-    uses: dict[str, list] = {}
+def deferred_with_readers(table, choice) -> dict[str, tuple[tuple[int, ...], float, list]]:
+    """``deferred_gradients`` plus, per parameter, the edges (producer, output,
+    consumer, input) into its part from outside whose gradient all-reduces the
+    buckets take over. Parts that share a (canonical) parameter are deferred
+    together or not at all, as in the program."""
+    parts, partial = _state_only_parts(table, choice)
+    outside: dict[str, list] = {}  # part root -> edges read from outside it
     for producer, o, consumer, k in table.edges():
-        node = table.nodes[producer]
+        # An integer or boolean tensor (a mask built from positions) carries no gradient.
+        if producer in parts and parts.get(consumer) != parts[producer] \
+                and table.nodes[producer].outputs[o].is_float:
+            outside.setdefault(parts[producer], []).append((producer, o, consumer, k))
+    params: dict[str, set[str]] = {}  # part root -> the canonical parameters in it
+    for name, part in parts.items():
+        node = table.nodes[name]
         if node.kind == "parameter":
-            uses.setdefault(node.tied_to or producer, []).extend(
-                _reads_through_casts(table, choice, readers, producer, o, consumer, k))
-    shard_count = ShardCounts(table.mesh)
-    out = {}
-    for param, edges in uses.items():
+            params.setdefault(part, set()).add(node.tied_to or name)
+    axes_of: dict[str, tuple | None] = {}
+    for part, edges in outside.items():
+        if part not in params:
+            continue
         axes = set()
         for producer, o, consumer, k in edges:
-            src = table.nodes[producer].out_specs[choice[producer]][o]
-            node = table.nodes[consumer]
-            c = choice[consumer]
+            node, c = table.nodes[consumer], choice[consumer]
             grads = node.reductions[c][2] if node.reductions is not None else []
             reduce = tuple(grads[k]) if k < len(grads) else ()
-            axes.add(reduce if src == node.in_specs[c][k] else None)
-        if len(axes) != 1 or None in axes or () in axes:
-            continue
-        info = table.nodes[param].outputs[0]
-        nbytes = info.nbytes / shard_count(table.nodes[param].out_specs[choice[param]][0])
-        if table.gradient_reduce_bytes is not None:
-            nbytes *= table.gradient_reduce_bytes / info.dtype_bytes
-        out[param] = (axes.pop(), nbytes, sorted({e[0] for e in edges}))
+            src = table.nodes[producer].out_specs[choice[producer]][o]
+            axes.add(reduce if reduce and src == node.in_specs[c][k] else None)
+        axes_of[part] = axes.pop() if len(axes) == 1 and part not in partial else None
+    blocked: set[str] = set()
+    group_of: dict[str, tuple | None] = {}
+    changed = True
+    while changed:
+        changed = False
+        for part, axes in axes_of.items():
+            held = params[part]
+            bad = axes is None or held & blocked or any(
+                group_of.setdefault(p, axes) != axes for p in held)
+            if bad and not held <= blocked:
+                blocked |= held
+                changed = True
+    shard_count = ShardCounts(table.mesh)
+    out = {}
+    for part, axes in axes_of.items():
+        for param in params[part] - blocked:
+            node = table.nodes[param]
+            if not node.grad_bytes.any():  # frozen: no gradient to reduce
+                continue
+            info = node.outputs[0]
+            nbytes = info.nbytes / shard_count(node.out_specs[choice[param]][0])
+            if table.gradient_reduce_bytes is not None:
+                nbytes *= table.gradient_reduce_bytes / info.dtype_bytes
+            if param in out:
+                out[param][2].extend(outside[part])
+            else:
+                out[param] = (axes, nbytes, list(outside[part]))
     return out
 
 
