@@ -136,7 +136,13 @@ def nested_case(rank: int, world: int, name: str) -> dict:
     plan without checkpoints."""
     model, inputs, loss_fn = build(name)
     mesh = DeviceMesh((world,))
-    plan = solve_plan(model, inputs, mesh, loss_fn=loss_fn, **speeds(1e9))
+    # Megatron's MLP split (column- then row-parallel): collectives inside the
+    # regions, which a data-parallel plan no longer has (it buckets every
+    # gradient outside the graph).
+    from forced_plans import forced_plan
+
+    _, plan = forced_plan(model, inputs, loss_fn, mesh, params={
+        r"mlp\.c_fc\.weight": "RS0", r"mlp\.c_fc\.bias": "S0", r"mlp\.c_proj\.weight": "S0R"})
 
     from automap.checkpoint.record import CheckpointPlan
     from automap.solve.linearize import linearize
