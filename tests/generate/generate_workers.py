@@ -32,7 +32,7 @@ from speeds import FAST, speeds
 BUCKET_BYTES = 4096
 COLLECTIVE_NAMES = ("all_reduce_sum", "reduce_scatter_dim", "all_gather_dim", "split_dim",
                     "all_to_all_dims", "identity_all_reduce_grad", "vocab_parallel_embedding",
-                    "take_shard", "loss_denominator", "gather_shard")
+                    "take_shard", "loss_denominator", "mean_over_group", "gather_shard")
 
 
 def make_plan(kind: str, model, inputs, loss_fn, mesh: DeviceMesh) -> Plan:

@@ -56,9 +56,9 @@ CASES = {
 #: Collectives a forced plan must put in the module's code (one of each tuple;
 #: bucketed_grad_sync: the data-parallel gradient all-reduce, outside the graph).
 MUST_USE = {
-    "dp": [("bucketed_grad_sync",), ("take_shard",), ("loss_denominator",)],
+    "dp": [("bucketed_grad_sync",), ("take_shard",), ("mean_over_group",)],
     "megatron": [("all_reduce_sum", "reduce_scatter_dim")],
-    "reshard": [("all_to_all_dims",), ("loss_denominator",)],
+    "reshard": [("all_to_all_dims",), ("loss_denominator", "mean_over_group")],
     "2d": [("all_reduce_sum", "reduce_scatter_dim"), ("bucketed_grad_sync",), ("take_shard",)],
     "vocab": [("vocab_parallel_embedding",)],
     "heads": [("all_reduce_sum", "reduce_scatter_dim")],

@@ -17,10 +17,11 @@ from automap.errors import AutomapError
 from automap.generate import localize
 from automap.generate.checkpoint import ORIGIN
 from automap.generate.comm import Emitter
-from automap.generate.ops import take_shard
+from automap.generate.ops import loss_denominator, mean_over_group, take_shard
 from automap.generate.state import StateShard, local_bounds
 from automap.sharding.collectives import (
     all_gather_dim,
+    all_reduce_sum,
     gather_shard,
     identity_all_reduce_grad,
     split_dim,
@@ -380,6 +381,33 @@ def _strip(target: str) -> str:
     from automap.trace.tracing import _strip_inner
 
     return _strip_inner(target)
+
+
+def fuse_mean_losses(out: GeneratedGraph) -> None:
+    """A mean-reduced loss over a split batch, emitted as this rank's sum over
+    the global count, then made whole (``all_reduce_sum(div(total,
+    loss_denominator(..., g)), g)``), becomes one all-reduce of the sums and
+    the counts together (``ops.mean_over_group``): the forward waits for one
+    collective, not two, on every step."""
+    for node in list(out.graph.nodes):
+        if node.op != "call_function" or node.target is not all_reduce_sum:
+            continue
+        div = node.args[0]
+        if not (isinstance(div, fx.Node) and div.target is torch.ops.aten.div.Tensor
+                and len(div.users) == 1 and isinstance(div.args[1], fx.Node)):
+            continue
+        denominator = div.args[1]
+        if denominator.target is not loss_denominator or len(denominator.users) != 1 \
+                or denominator.args[3] is not node.args[1]:
+            continue
+        target, weight, ignore_index, group = denominator.args
+        with out.graph.inserting_before(node):
+            fused = out.graph.call_function(
+                mean_over_group, (div.args[0], target, weight, ignore_index, group))
+        fused.meta.update(node.meta)
+        node.replace_all_uses_with(fused)
+        for dead in (node, div, denominator):
+            out.graph.erase_node(dead)
 
 
 def _state_only_components(out: GeneratedGraph) -> list[list[fx.Node]]:

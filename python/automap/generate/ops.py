@@ -35,14 +35,9 @@ def vocab_parallel_embedding(
     return out.masked_fill(outside.unsqueeze(-1), 0.0)
 
 
-def loss_denominator(
-    target: torch.Tensor, weight: torch.Tensor | None, ignore_index: int,
-    group: AxisGroup | None
-) -> torch.Tensor:
-    """What a mean-reduced (cross-entropy / NLL) loss divides by, over the whole
-    batch: the count (or class-weight sum) of the targets not ignored, summed over
-    the ranks that split the batch. Each rank's sum-reduced loss divided by it is
-    a partial sum of the serial mean."""
+def _local_denominator(target: torch.Tensor, weight: torch.Tensor | None,
+                       ignore_index: int) -> torch.Tensor:
+    """This rank's count (or class-weight sum) of the targets not ignored."""
     valid = target != ignore_index
     # A count stays an integer and a weight sum in the weights' dtype: float32
     # rounded a float64 model's weighted loss (3.7e-8 relative off the serial
@@ -51,8 +46,47 @@ def loss_denominator(
         local = valid.sum()
     else:
         local = (weight[target.masked_fill(~valid, 0)] * valid).sum()
-    local = local.detach().clone()
+    return local.detach().clone()
+
+
+def loss_denominator(
+    target: torch.Tensor, weight: torch.Tensor | None, ignore_index: int,
+    group: AxisGroup | None
+) -> torch.Tensor:
+    """What a mean-reduced (cross-entropy / NLL) loss divides by, over the whole
+    batch: the count (or class-weight sum) of the targets not ignored, summed over
+    the ranks that split the batch. Each rank's sum-reduced loss divided by it is
+    a partial sum of the serial mean."""
+    local = _local_denominator(target, weight, ignore_index)
     return local if group is None or group.size == 1 else all_reduce_(local, group)
+
+
+class _MeanOverGroup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, total, denominator, group):
+        # float64 holds a count exactly to 2**53 and a float32 sum without rounding.
+        both = torch.stack([total.detach().to(torch.float64), denominator.to(torch.float64)])
+        all_reduce_(both, group)
+        ctx.denominator = both[1].to(total.dtype)
+        return (both[0] / both[1]).to(total.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad / ctx.denominator, None, None
+
+
+def mean_over_group(total: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None,
+                    ignore_index: int, group: AxisGroup) -> torch.Tensor:
+    """A mean-reduced loss over a batch split over ``group`` from this rank's
+    sum-reduced one (``total``): the sums and the counts (or weight sums) of the
+    targets not ignored all-reduced together, in one collective, where
+    ``all_reduce_sum(total / loss_denominator(...))`` waits for two in the
+    forward. The gradient of ``total`` is the serial mean's: one over the
+    global count."""
+    if torch.compiler.is_compiling() or group.size == 1:
+        return all_reduce_sum(total / loss_denominator(target, weight, ignore_index, group),
+                              group)
+    return _MeanOverGroup.apply(total, _local_denominator(target, weight, ignore_index), group)
 
 
 # Class-parallel normalisation (Megatron-LM's vocab-parallel loss): the class dim

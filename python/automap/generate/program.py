@@ -12,6 +12,7 @@ from torch import nn
 from automap.generate.build import (
     GeneratedGraph,
     defer_parameter_gradient_sync,
+    fuse_mean_losses,
     generate_graph,
 )
 from automap.generate.checkpoint import wrap_checkpoint_blocks
@@ -69,6 +70,7 @@ def assemble_graph(out: GeneratedGraph, traced, plan, groups, grad_bucket_bytes:
     """The module of a generated graph ``out`` (the whole program, or one pipeline
     stage's part of it, ``automap.generate.pipeline_split``): checkpoint regions,
     state shards, the bucketed gradient sync."""
+    fuse_mean_losses(out)
     deferred = defer_parameter_gradient_sync(out) if grad_bucket_bytes is not None else []
     if plan.checkpoint is not None:
         wrap_checkpoint_blocks(out.graph, out.attrs, plan.checkpoint.stages,
