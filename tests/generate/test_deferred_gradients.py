@@ -26,6 +26,7 @@ CASES = [
     ("state_parts", "dp", (2, 2)),
     ("state_parts", "dp", (4,)),
     ("state_parts", "solver_slow", (2, 2)),
+    ("state_parts_whole_loss", "dp", (2, 2)),
     ("gpt2", "dp_tokens", (2, 2)),
     ("gpt2", "vocab", (4,)),
     ("mlp", "megatron", (4,)),
@@ -63,3 +64,12 @@ def test_parts_computed_from_state_alone_are_bucketed():
     # Every parameter: the position table (read through arange's lookup, scaled),
     # the scale (read directly and in that part) and the gate (through a sigmoid).
     assert len(planned) == 7 and set(planned.values()) == {(0, 1)}
+
+
+def test_a_part_read_whole_is_not_bucketed():
+    planned, generated = _deferred("state_parts_whole_loss", "dp", (2, 2))
+    # The position table's part is also read whole (a penalty the loss adds):
+    # its parameters, the table and the scale it shares, keep their all-reduces.
+    assert planned == generated
+    assert not any("pos" in name or "scale" in name for name in planned)
+    assert any("gate" in name for name in planned)

@@ -49,7 +49,7 @@ CASES = {
     (2, 2): [
         ("mlp", "solver"), ("mlp", "2d"), ("mlp", "dp"), ("resnet", "solver_slow"),
         ("gpt2", "solver_slow"), ("gpt2", "dp_tokens"), ("llama", "solver_slow"),
-        ("block", "batch_heads"), ("state_parts", "dp"),
+        ("block", "batch_heads"), ("state_parts", "dp"), ("state_parts_whole_loss", "dp"),
     ],
 }
 
@@ -64,6 +64,12 @@ MUST_USE = {
     "heads": [("all_reduce_sum", "reduce_scatter_dim")],
     "batch_heads": [("all_reduce_sum", "reduce_scatter_dim"), ("bucketed_grad_sync",)],
 }
+
+#: Data parallelism reduces every gradient in the buckets, also those reaching
+#: parameters through parts computed from state alone (``state_parts_whole_loss``
+#: reads its position table whole too: that part keeps its all-reduces).
+BUCKETS_EVERY_GRADIENT = {("mlp", "dp"), ("state_parts", "dp")}
+
 
 def _report(mesh_shape, results) -> list[str]:
     failures = []
@@ -104,9 +110,7 @@ def _report(mesh_shape, results) -> list[str]:
         missing = [names for names in MUST_USE.get(case["case"]["plan"], [])
                    if not used.intersection(names)]
         checks.append((not missing, f"the plan does not exercise {missing}"))
-        if case["case"]["plan"] == "dp":
-            # Data parallelism reduces every gradient in the buckets, also those
-            # reaching parameters through parts computed from state alone.
+        if (case["case"]["model"], case["case"]["plan"]) in BUCKETS_EVERY_GRADIENT:
             checks.append(("identity_all_reduce_grad(" not in case["code"],
                            "a data-parallel gradient is all-reduced inside the backward"))
         failures += [f"{label}: {msg}" for ok, msg in checks if not ok]

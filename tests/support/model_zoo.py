@@ -156,6 +156,18 @@ class StateParts(nn.Module):
         return self.out((h * self.scale).mean(1))
 
 
+class StatePartsWholeLoss(StateParts):
+    """``StateParts`` that also returns a penalty on its position table, which
+    the loss adds whole: that read's gradient is not partial over the batch,
+    so the table's part must not be bucketed (its batch-split read keeps its
+    own all-reduce)."""
+
+    def forward(self, x: torch.Tensor):
+        positions = self.pos(torch.arange(x.shape[1], device=x.device)) * self.scale
+        h = torch.tanh(self.inp(x) + positions) * torch.sigmoid(self.gate)
+        return self.out((h * self.scale).mean(1)), positions.pow(2).mean()
+
+
 def _images(device, n: int = BATCH, size: int = 32) -> torch.Tensor:
     return torch.randn(n, 3, size, size, device=device)
 
@@ -180,6 +192,13 @@ def state_parts(device="cpu"):
         model = StateParts()
     x, y = torch.randn(8, SEQ, HIDDEN, device=device), _classes(device, 8)
     return model, (x,), lambda out: _cross_entropy(out, y)
+
+
+def state_parts_whole_loss(device="cpu"):
+    with torch.device(device):
+        model = StatePartsWholeLoss()
+    x, y = torch.randn(8, SEQ, HIDDEN, device=device), _classes(device, 8)
+    return model, (x,), lambda out: _cross_entropy(out[0], y) + out[1]
 
 
 def resnet(device="cpu"):
