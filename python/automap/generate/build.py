@@ -28,6 +28,7 @@ from automap.sharding.collectives import (
 )
 from automap.sharding.spec import ShardingSpec
 from automap.solve.fsdp import fused_gather
+from automap.solve.gradient_buckets import deferrable
 from automap.solve.signatures import op_family, signature, written_args
 
 _BIAS_OPS = {"linear": 2, "addmm": 0, "baddbmm": 0, "conv1d": 2, "conv2d": 2, "conv3d": 2,
@@ -463,40 +464,29 @@ def defer_parameter_gradient_sync(out: GeneratedGraph) -> list[tuple[str, tuple[
     of a 4-rank step on the vs_torch bench). Parts that share a parameter are
     deferred together or not at all."""
     graph = out.graph
-    parts = []  # (nodes, the parameters read, the group every outside reader reduces over)
+    parts = []  # (the readers from outside, the parameters read, their one group or None)
     for nodes in _state_only_components(out):
         members = set(nodes)
         # An integer or boolean tensor (positions, a mask) carries no gradient.
         readers = [u for n in nodes if _carries_gradient(n) for u in n.users if u not in members]
-        groups = {u.args[1].target for u in readers
-                  if u.op == "call_function" and u.target is identity_all_reduce_grad}
         params = {n.target for n in nodes
                   if n.op == "get_attr" and out.shards[n.target].kind == "parameter"}
-        if not readers:  # a read nothing uses
+        if not readers or not params:  # nothing reads it, or no gradient to sum
             continue
+        groups = {u.args[1].target for u in readers
+                  if u.op == "call_function" and u.target is identity_all_reduce_grad}
         fits = len(groups) == 1 and all(
             u.op == "call_function" and u.target is identity_all_reduce_grad
             and u.args[0] in members for u in readers)
-        if params:
-            parts.append((nodes, readers, params, groups.pop() if fits else None))
-    # Parts sharing a parameter stand or fall together.
-    blocked, group_of = set(), {}
-    changed = True
-    while changed:
-        changed = False
-        for _, _, params, group in parts:
-            bad = group is None or params & blocked or any(
-                group_of.setdefault(p, group) != group for p in params)
-            if bad and not params <= blocked:
-                blocked |= params
-                changed = True
+        parts.append((readers, params, groups.pop() if fits else None))
     first_use = {}
     for node in graph.nodes:
         if node.op == "get_attr" and node.target not in first_use:
             first_use[node.target] = len(first_use)
     deferred = {}
-    for _, readers, params, group in parts:
-        if params & blocked:
+    ok = deferrable([(params, group) for _, params, group in parts])
+    for (readers, params, group), deferred_here in zip(parts, ok):
+        if not deferred_here:
             continue
         for u in readers:
             u.replace_all_uses_with(u.args[0])

@@ -125,10 +125,10 @@ def node_times(profile, table, choice, edge_weight=None) -> dict[str, NodeTime]:
         t.into_forward_once_s += path.forward_cost_s
     # Reads whose gradient all-reduce a bucket runs instead: of the parameter,
     # its cast, or a part computed from state alone (priced on what it read).
-    deferred_reads: dict[tuple[str, int], list] = {}
+    deferred_reads: dict[tuple[str, int], tuple] = {}
     for axes, _, edges in deferred_with_readers(table, choice).values():
         for producer, o, consumer, k in edges:
-            deferred_reads.setdefault((consumer, k), [producer, o, axes])
+            deferred_reads.setdefault((consumer, k), (producer, o, axes))
     shard_count = ShardCounts(mesh)
     shared_s = shared_gradient_savings(table, choice)
     for name, node in table.nodes.items():

@@ -18,6 +18,39 @@ CAST_OP = "_to_copy"  # op_family of a cast
 STATE_KINDS = ("parameter", "buffer", "constant")
 
 
+def deferrable(parts: list[tuple[set, object]]) -> list[bool]:
+    """Per part of the graph computed from state alone, given as (the parameters
+    it reads, the group every read from outside it reduces its gradient over,
+    None where not one), whether its parameters are bucketed: parts linked by
+    a shared parameter stand or fall together, and need one group. The
+    generator (``generate/build.defer_parameter_gradient_sync``) and the
+    planner's bucket model decide by this one rule."""
+    holders: dict = {}
+    for i, (params, _) in enumerate(parts):
+        for p in params:
+            holders.setdefault(p, []).append(i)
+    ok = [False] * len(parts)
+    seen: set[int] = set()
+    for start in range(len(parts)):
+        if start in seen:
+            continue
+        linked, todo = [], [start]
+        seen.add(start)
+        while todo:
+            i = todo.pop()
+            linked.append(i)
+            for p in parts[i][0]:
+                for j in holders[p]:
+                    if j not in seen:
+                        seen.add(j)
+                        todo.append(j)
+        groups = {parts[i][1] for i in linked}
+        fine = len(groups) == 1 and None not in groups
+        for i in linked:
+            ok[i] = fine
+    return ok
+
+
 def _state_only_parts(table, choice) -> tuple[dict[str, str], set[str]]:
     """The parts of the graph computed from stored state alone, as
     ``generate/build._state_only_components`` finds them in the generated graph:
@@ -99,22 +132,15 @@ def deferred_with_readers(table, choice) -> dict[str, tuple[tuple[int, ...], flo
             src = table.nodes[producer].out_specs[choice[producer]][o]
             axes.add(reduce if reduce and src == node.in_specs[c][k] else None)
         axes_of[part] = axes.pop() if len(axes) == 1 and part not in partial else None
-    blocked: set[str] = set()
-    group_of: dict[str, tuple | None] = {}
-    changed = True
-    while changed:
-        changed = False
-        for part, axes in axes_of.items():
-            held = params[part]
-            bad = axes is None or held & blocked or any(
-                group_of.setdefault(p, axes) != axes for p in held)
-            if bad and not held <= blocked:
-                blocked |= held
-                changed = True
+    roots = list(axes_of)
+    ok = deferrable([(params[part], axes_of[part]) for part in roots])
     shard_count = ShardCounts(table.mesh)
     out = {}
-    for part, axes in axes_of.items():
-        for param in params[part] - blocked:
+    for part, deferred in zip(roots, ok):
+        if not deferred:
+            continue
+        axes = axes_of[part]
+        for param in params[part]:
             node = table.nodes[param]
             if not node.grad_bytes.any():  # frozen: no gradient to reduce
                 continue
