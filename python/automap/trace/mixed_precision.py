@@ -121,10 +121,19 @@ class _AutocastRun(fx.Interpreter):
         super().__init__(gm)
         self.device_type, self.dtype = device_type, dtype
         self.casts: dict[str, dict[tuple, torch.dtype]] = {}
+        #: Metadata asserts (export's record of a ``.to(dtype)`` that was a no-op
+        #: when traced, e.g. HF's ``logits.float()``) -> the dtype they see now.
+        self.asserted: dict[str, torch.dtype] = {}
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op == "placeholder":
             return n.meta["val"]
+        if n.target is torch.ops.aten._assert_tensor_metadata.default:
+            # It checks the traced dtype, which mixed precision changes on purpose.
+            checked = self.env.get(n.args[0]) if isinstance(n.args[0], fx.Node) else None
+            if isinstance(checked, torch.Tensor):
+                self.asserted[n.name] = checked.dtype
+            return None
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload) \
                 or n.target.namespace != "aten":
             return super().run_node(n)
@@ -208,6 +217,10 @@ def insert_autocast_casts(gm: fx.GraphModule, setting: MixedPrecision, device_ty
                 node.update_arg(where[0], type(arg)(items))
             else:
                 node.update_arg(where[0], cast)
+    for node in gm.graph.nodes:
+        dtype = run.asserted.get(node.name)
+        if dtype is not None and node.kwargs.get("dtype") not in (None, dtype):
+            node.update_kwarg("dtype", dtype)
     gm.graph.lint()
     gm.recompile()
     with fake_mode:
