@@ -139,3 +139,27 @@ def inf_on_one_rank(rank: int, world: int, scaler_kind: str) -> dict:
     scaler.update()
     changed = any(not torch.equal(before[n], p) for n, p in module.named_parameters())
     return {"stepped": changed, "scale": float(scaler.get_scale())}
+
+
+def wide_mlp():
+    """Three 256-wide layers and a head on a batch of 256: oneDNN's bf16 matmuls
+    at these shapes allocate several times their outputs in scratch."""
+    torch.manual_seed(0)
+    layers = [m for _ in range(3) for m in (torch.nn.Linear(256, 256), torch.nn.ReLU())]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(256, 10))
+    x, y = torch.randn(256, 256), torch.randint(0, 10, (256,))
+    return model, (x,), lambda out: torch.nn.functional.cross_entropy(out, y)
+
+
+def measured_plan_peak(rank: int, world: int, plan_path: str) -> int:
+    """This rank's measured peak of a steady-state AdamW step of ``wide_mlp``
+    under the plan saved at ``plan_path`` (no loss scaling: bf16)."""
+    model, inputs, loss_fn = wide_mlp()
+    module = apply(automap.Plan.from_json(plan_path), model, inputs, loss_fn=loss_fn)
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    scaler = automap.GradScaler("cpu", enabled=False)
+    for _ in range(2):  # the optimizer state exists before the measured steps
+        module(*inputs).backward()
+        opt.step()
+        opt.zero_grad()
+    return _measured_step_peak(module, inputs, opt, scaler)
