@@ -208,8 +208,8 @@ def build_strategy_table(
         elif node.op == "call_function":
             outs = _tensor_infos(node.meta.get("val"))
             infos[node.name] = outs
-            if not outs:
-                continue
+            if not outs and not written_args(node):
+                continue  # nothing made, nothing written: no layout to choose
             sig = signature(node)
             if sig is None:
                 unsupported.setdefault(op_family(node), []).append(node.name)
