@@ -101,3 +101,40 @@ def test_a_no_grad_update_that_returns_nothing_gets_its_operands_whole(tmp_path)
             assert max(abs(a - b) for a, b in zip(losses, serial_losses)) <= 1e-12
             for name, value in serial.state_dict().items():
                 torch.testing.assert_close(state[name], value, rtol=1e-12, atol=1e-14)
+
+
+class _Lerp(nn.Module):
+    """A buffer written in place (``lerp_``) from a batch statistic."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(10, 10)
+        self.register_buffer("ema", torch.zeros(10))
+
+    def forward(self, x):
+        h = self.fc(x)
+        self.ema.lerp_(h.mean(0).detach(), 0.1)
+        return (h - self.ema).pow(2).mean()
+
+
+@pytest.mark.parametrize("checkpointing", ["off", "auto"])
+def test_a_budget_never_buys_a_conversion_into_a_written_input(checkpointing):
+    """The write must reach the stored buffer: a conversion into it was only
+    priced (1,000 s), and a tight budget bought one, so planning failed in the
+    generator with a bare AutomapError. Every budget now plans or names a least
+    budget at which it plans."""
+    from automap import InfeasibleBudgetError
+
+    torch.manual_seed(0)
+    model, x = _Lerp().double(), torch.randn(8, 10, dtype=torch.float64)
+    mesh, slow = DeviceMesh((2,)), speeds(1e8)
+    peak = plan(model, (x,), mesh, loss_fn=lambda loss: loss, **slow).predicted_peak_memory_bytes
+    least = None
+    for fraction in (0.4, 0.6, 0.8, 1.0):
+        try:
+            plan(model, (x,), mesh, fraction * peak, loss_fn=lambda loss: loss,
+                 checkpointing=checkpointing, **slow)
+        except InfeasibleBudgetError as err:
+            least = err.smallest_feasible_budget_bytes
+    assert least is not None
+    plan(model, (x,), mesh, least, loss_fn=lambda loss: loss, checkpointing=checkpointing, **slow)

@@ -852,6 +852,12 @@ class ShardingIlp:
         memory = _MemoryRows(table, self.optimizer) if memory_budget_bytes else None
         # Edges first (they may fold costs into node costs).
         edge_blocks: dict[tuple, list] = {}
+        # Conversions into an input the op writes cannot run (the write would go
+        # to a copy): such strategy choices are excluded (their columns' upper
+        # bound 0; a price alone let a tight budget buy one), unless nothing
+        # else is left, where the price still makes them a last resort.
+        banned: dict[str, np.ndarray] = {}
+        banned_pairs: dict[tuple, np.ndarray] = {}
         for producer, o, consumer, k in table.edges():
             ru, rv = root[producer], root[consumer]
             a_specs = [nodes[producer].out_specs[i][o] for i in index[producer]]
@@ -869,9 +875,13 @@ class ShardingIlp:
                         table.mesh, list(ua), list(ub), info.shape, info.dtype_bytes))
             ua, a_idx, ub, b_idx, r = known
             r = r * ew.get((producer, o, consumer, k), 1.0)
+            forbid = None
             if k in nodes[consumer].written_inputs or (k == 0 and _in_place(nodes[consumer].op)):
                 # The op writes into this input: it must arrive as produced.
-                r = np.where(ua[:, None] == ub[None, :], r, r + _FORBIDDEN_S)
+                forbid = ua[:, None] != ub[None, :]
+                r = np.where(forbid, r + _FORBIDDEN_S, r)
+                if not forbid.any():
+                    forbid = None
             mem = None
             if memory is not None and consumer in memory.line.position:
                 edge = (producer, o, consumer, k)
@@ -892,14 +902,17 @@ class ShardingIlp:
             key = None
             if ru == rv:
                 group_cost[ru] = group_cost[ru] + r[a_idx, b_idx]
+                _ban(banned, ru, forbid, a_idx, b_idx)
             elif not r.any():
                 pass
             elif len(ua) == 1 and len(ub) == 1:
                 constant_s += float(r[0, 0])
             elif len(ua) == 1:
                 group_cost[rv] = group_cost[rv] + r[0, b_idx]
+                _ban(banned, rv, forbid, 0, b_idx)
             elif len(ub) == 1:
                 group_cost[ru] = group_cost[ru] + r[a_idx, 0]
+                _ban(banned, ru, forbid, a_idx, 0)
             else:
                 # Tied instances repeat the same edge: one block, costs summed.
                 key = (ru, rv, a_idx.tobytes(), b_idx.tobytes())
@@ -907,12 +920,14 @@ class ShardingIlp:
                     edge_blocks[key][4] += r
                 else:
                     edge_blocks[key] = [ru, a_idx, rv, b_idx, r]
+                if forbid is not None:
+                    banned_pairs[key] = banned_pairs.get(key, False) | forbid
             if mem is not None:
                 memory.edge_terms.append((consumer, ru, a_idx, rv, b_idx, key, mem))
 
         for r in members:
             if len(nodes[r]) > 1:
-                cols[r] = b.columns(group_cost[r], integer=True)
+                cols[r] = b.columns(group_cost[r], integer=True, upper=_allowed(banned.get(r)))
                 row = b.rows(1.0, 1.0)
                 b.entries(np.repeat(row, len(nodes[r])), cols[r], 1.0)
             else:
@@ -922,7 +937,8 @@ class ShardingIlp:
         edge_cols: dict[tuple, np.ndarray] = {}
         for key, (producer, a_idx, consumer, b_idx, r) in edge_blocks.items():
             na, nb = r.shape
-            ecols = b.columns(r.ravel(), integer=False)
+            ecols = b.columns(r.ravel(), integer=False,
+                              upper=_allowed(banned_pairs.get(key, np.zeros(0)).ravel()))
             edge_cols[key] = ecols
             num_edge_vars += len(ecols)
             grid_a = np.repeat(np.arange(na), nb)
@@ -1235,6 +1251,22 @@ _SHARE_ABOVE = 4
 #: Price of a conversion the generator cannot run (into an in-place op's
 #: mutated input): the solver takes one only when nothing else exists.
 _FORBIDDEN_S = 1e3
+
+
+def _ban(banned: dict, root: str, forbid, a, b) -> None:
+    """Note which of ``root``'s strategies pick a forbidden pair of ``forbid``
+    (producer spec ``a``, consumer spec ``b``, per strategy)."""
+    if forbid is not None:
+        banned[root] = banned.get(root, False) | np.broadcast_to(forbid[a, b], np.shape(
+            a if np.ndim(a) else b))
+
+
+def _allowed(banned) -> np.ndarray | float:
+    """Upper bounds of columns: 0 where banned, unless every one is (the
+    price alone then keeps them a last resort)."""
+    if banned is None or not np.any(banned) or np.all(banned):
+        return 1.0
+    return np.where(banned, 0.0, 1.0)
 
 
 def _in_place(op: str) -> bool:
