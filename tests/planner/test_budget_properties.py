@@ -47,9 +47,9 @@ def _plan(name, budget, checkpointing, mesh=(2,)):
                 checkpointing=checkpointing, **SPEEDS)
 
 
-def _least(name, budget, checkpointing) -> int:
+def _least(name, budget, checkpointing, mesh=(2,)) -> int:
     with pytest.raises(InfeasibleBudgetError) as err:
-        _plan(name, budget, checkpointing)
+        _plan(name, budget, checkpointing, mesh)
     return err.value.smallest_feasible_budget_bytes
 
 
@@ -247,3 +247,19 @@ def test_a_tensor_parallel_plan_is_modelled_as_its_step_allocates():
     assert len(gathered) >= 3, "no longer tensor parallel: pick another plan"
     modelled = found.solver["modelled_peak_bytes"]
     assert modelled == pytest.approx(found.predicted_peak_memory_bytes, rel=0.01)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", ["mlp"])
+def test_auto_plans_where_off_does_and_names_no_larger_least(name):
+    """"auto" searches a superset of "off"'s plans: it plans at "off"'s least
+    budget and names no larger one, and the least it names plans (it named the
+    model's least, which its own search at that budget did not reach, and a
+    least above "off"'s, where the LP relaxation refused the budget the
+    leanest plan's simulated step fits)."""
+    mesh = (2, 2)
+    least_off = _least(name, 1.0, "off", mesh)
+    least_auto = _least(name, 1.0, "auto", mesh)
+    assert least_auto <= least_off
+    for budget in {least_off, least_auto}:
+        assert _plan(name, budget, "auto", mesh).predicted_peak_memory_bytes <= budget
