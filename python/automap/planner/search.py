@@ -611,7 +611,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
             # named a larger least than "off" (the sweep's causal-attention
             # model on (2,): 126,751 B against 112,529, where "auto" plans).
             if own and err.smallest_feasible_budget_bytes:
-                failures.append(err)
+                failures.append(_checkpointing_tried(err))
         except _NotFaster:
             pass
     # The ILP prices every data-parallel gradient all-reduce on its own and
@@ -781,6 +781,18 @@ def _verified_search(search, simulated, budget: float, leanest: bool = True) -> 
     except InfeasibleBudgetError as err:
         return _leanest_simulated(err, search, simulated, budget)
     raise AssertionError("a search within 1 byte succeeded")  # pragma: no cover
+
+
+def _checkpointing_tried(err: InfeasibleBudgetError) -> InfeasibleBudgetError:
+    """``err`` of a plain search run by ``checkpointing="auto"``, worded as
+    auto's own: checkpointing was tried, so it is not the advice."""
+    text = str(err)
+    head, sep, rest = text.partition("; the smallest feasible budget")
+    if sep and "even with activation checkpointing" not in head:
+        head += ", even with activation checkpointing"
+    rest = rest.replace(", use a larger mesh, or enable activation checkpointing.",
+                        " or use a larger mesh.")
+    return InfeasibleBudgetError(head + sep + rest, err.smallest_feasible_budget_bytes)
 
 
 #: Searches at the least a failed search names, each at the one the last named.
