@@ -211,3 +211,39 @@ def test_operands_of_two_dtypes_are_refused_where_eager_refuses_them():
     with pytest.raises(TraceError, match="float32"):
         trace(model, (torch.randn(2, 8),))
     trace(model, (torch.randn(2, 8, dtype=torch.float64),))  # one dtype: traced
+
+
+class _MaskedSum(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return h[h > 0].sum()  # a shape known only from the data
+
+
+class _RebindsBuffer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("ema", torch.zeros(4))
+        self.register_buffer("cache", torch.zeros(1), persistent=False)
+
+    def forward(self, x):
+        h = self.fc(x)
+        self.cache = torch.ones(2)  # a cache rebuilt: not state, allowed
+        self.ema = 0.9 * self.ema + 0.1 * h.mean(0).detach()  # state, and lost
+        return h.sum()
+
+
+def test_a_data_dependent_shape_is_a_trace_error():
+    with pytest.raises(TraceError, match="depends on the data"):
+        trace(_MaskedSum(), (torch.randn(8, 4),))
+
+
+def test_a_buffer_rebound_in_forward_is_a_trace_error():
+    """Export records no update for ``self.ema = ...``: the generated module's
+    buffer silently never changed (a new-user sweep)."""
+    with pytest.raises(TraceError, match=r"buffer\(s\) \['ema'\]"):
+        trace(_RebindsBuffer(), (torch.randn(8, 4),))

@@ -231,7 +231,10 @@ class _Step(nn.Module):
         self._extra_kwargs = extra_kwargs
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        out = getattr(self, _INNER)(*args, **{**self._extra_kwargs, **kwargs})
+        model = getattr(self, _INNER)
+        before = _persistent_buffers(model)
+        out = model(*args, **{**self._extra_kwargs, **kwargs})
+        _check_buffers_kept(model, before)
         if self._loss_fn is None:
             return out
         loss = self._loss_fn(out)
@@ -242,6 +245,29 @@ class _Step(nn.Module):
             raise TraceError(f"the loss must be a floating-point scalar (0-dim) tensor; "
                              f"loss_fn returned {what}")
         return loss
+
+
+def _persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The buffers a state dict holds (non-persistent ones are caches a forward
+    may rebuild, e.g. a rotary table grown for a longer sequence)."""
+    return {f"{prefix}.{name}" if prefix else name: buf
+            for prefix, module in model.named_modules()
+            for name, buf in module._buffers.items()
+            if buf is not None and name not in module._non_persistent_buffers_set}
+
+
+def _check_buffers_kept(model: nn.Module, before: dict[str, torch.Tensor]) -> None:
+    """A ``TraceError`` where the forward rebinds a buffer of the state dict
+    (``self.ema = 0.9 * self.ema + ...``): export records no update for it, so
+    the buffer would silently never change; an in-place update is traced."""
+    after = _persistent_buffers(model)
+    rebound = sorted(name for name, buf in before.items() if after.get(name) is not buf)
+    if rebound:
+        raise TraceError(
+            f"the forward assigns a new tensor to buffer(s) {rebound}; that update is not "
+            "part of the traced program, so the buffer would never change. Update it in "
+            "place instead (e.g. self.ema.mul_(0.9).add_(0.1 * x), under torch.no_grad() "
+            "where it reads activations)")
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -331,6 +357,7 @@ def trace(
             if cause is not None:
                 raise cause from exc
             raise TraceError(_explain_export_failure(model, exc, is_hf)) from exc
+        _check_static_shapes(exported.graph_module)
         _check_operand_dtypes(exported.graph_module)
         if setting is not None:
             device_type = _first_device_type(args, kwargs, model)
@@ -341,6 +368,23 @@ def trace(
         traced.mixed_precision = setting
         tracing.result(f"{len(traced.nodes)} nodes")
     return traced
+
+
+def _check_static_shapes(graph_module: torch.fx.GraphModule) -> None:
+    """A ``TraceError`` where a tensor's shape depends on the data (boolean-mask
+    indexing, ``nonzero``, ``unique``): plans price and shard shapes known when
+    planning (torch's guard error escaped untyped from the graph's metadata)."""
+    for node in graph_module.graph.nodes:
+        for leaf in pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(leaf, torch.Tensor) and not all(
+                    isinstance(d, int) for d in leaf.shape):
+                stack = node.meta.get("nn_module_stack") or {}
+                where = next(reversed(stack.values()))[0] if stack else ""
+                raise TraceError(
+                    f"{_op_name(node.target)} ({node.name}{' in ' + where if where else ''}) "
+                    f"makes a tensor whose shape depends on the data ({list(leaf.shape)}); "
+                    "automap plans static shapes. Use a fixed-shape form instead (e.g. "
+                    "torch.where(mask, x, 0) for x[mask], or a padded result)")
 
 
 #: Ops whose kernels take one floating dtype for all their tensor operands (eager
