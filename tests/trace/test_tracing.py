@@ -247,3 +247,26 @@ def test_a_buffer_rebound_in_forward_is_a_trace_error():
     buffer silently never changed (a new-user sweep)."""
     with pytest.raises(TraceError, match=r"buffer\(s\) \['ema'\]"):
         trace(_RebindsBuffer(), (torch.randn(8, 4),))
+
+
+class _MixedEinsum(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(12, 12)
+        self.w = nn.Parameter(torch.randn(12, 12))
+
+    def forward(self, x):
+        c = torch.cumsum(self.fc(x), dim=1)  # bf16 under autocast, beside fp32 w and x
+        return torch.einsum("bi,ij,bj->b", c, self.w, x).pow(2).mean()
+
+
+def test_mixed_precision_casts_the_inputs_of_an_op_autocast_casts_inside():
+    """Autocast casts a 3-operand einsum's operands only inside it (its bmm's);
+    the graph, run without autocast, gave the einsum mixed dtypes and tracing
+    failed with an untyped RuntimeError. Its inputs are cast to the dtype
+    autocast computed it in."""
+    torch.manual_seed(0)
+    traced = trace(_MixedEinsum(), (torch.randn(8, 12),), loss_fn=default_loss,
+                   mixed_precision="bf16")
+    einsum = next(n for n in traced.graph.nodes if n.name == "einsum")
+    assert {a.meta["val"].dtype for a in einsum.args[1]} == {torch.bfloat16}
