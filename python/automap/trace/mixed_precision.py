@@ -241,9 +241,9 @@ def insert_autocast_casts(gm: fx.GraphModule, setting: MixedPrecision, device_ty
             else:
                 node.update_arg(where[0], cast)
     for node in gm.graph.nodes:
-        dtype = run.asserted.get(node.name)
-        if dtype is not None and node.kwargs.get("dtype") not in (None, dtype):
-            node.update_kwarg("dtype", dtype)
+        now = run.asserted.get(node.name)
+        if now is not None and node.kwargs.get("dtype") not in (None, now):
+            node.update_kwarg("dtype", now)
     gm.graph.lint()
     gm.recompile()
     with fake_mode:
