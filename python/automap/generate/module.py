@@ -201,9 +201,14 @@ class InputCheck:
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         got_names = set(kwargs)
         if got_names != set(self.kwarg_names):
+            # A value given by position that the example named (the tokens of
+            # ``model(input_ids, labels=...)``) shows up only as a missing keyword.
+            missing = sorted(set(self.kwarg_names) - got_names)
+            by_position = (f" and {len(args)} positional argument(s); pass {missing} by "
+                           "keyword, as the example does") if args and missing else ""
             raise InputMismatchError(
                 f"the module takes keyword inputs {self.kwarg_names} (those of the plan's "
-                f"example inputs), got {sorted(got_names)}")
+                f"example inputs), got keywords {sorted(got_names)}{by_position}")
         ordered = {k: kwargs[k] for k in self.kwarg_names}
         flat, spec = pytree.tree_flatten((tuple(args), ordered))
         if spec != self.in_spec or len(flat) != len(self.leaves):
