@@ -937,8 +937,7 @@ class ShardingIlp:
         edge_cols: dict[tuple, np.ndarray] = {}
         for key, (producer, a_idx, consumer, b_idx, r) in edge_blocks.items():
             na, nb = r.shape
-            ecols = b.columns(r.ravel(), integer=False,
-                              upper=_allowed(banned_pairs.get(key, np.zeros(0)).ravel()))
+            ecols = b.columns(r.ravel(), integer=False, upper=_allowed(banned_pairs.get(key)))
             edge_cols[key] = ecols
             num_edge_vars += len(ecols)
             grid_a = np.repeat(np.arange(na), nb)
@@ -1257,16 +1256,15 @@ def _ban(banned: dict, root: str, forbid, a, b) -> None:
     """Note which of ``root``'s strategies pick a forbidden pair of ``forbid``
     (producer spec ``a``, consumer spec ``b``, per strategy)."""
     if forbid is not None:
-        banned[root] = banned.get(root, False) | np.broadcast_to(forbid[a, b], np.shape(
-            a if np.ndim(a) else b))
+        banned[root] = banned.get(root, False) | forbid[a, b]
 
 
 def _allowed(banned) -> np.ndarray | float:
-    """Upper bounds of columns: 0 where banned, unless every one is (the
-    price alone then keeps them a last resort)."""
+    """Upper bounds of columns (``banned``: per column, or None): 0 where
+    banned, unless every one is (the price alone then keeps them a last resort)."""
     if banned is None or not np.any(banned) or np.all(banned):
         return 1.0
-    return np.where(banned, 0.0, 1.0)
+    return np.where(np.ravel(banned), 0.0, 1.0)
 
 
 def _in_place(op: str) -> bool:

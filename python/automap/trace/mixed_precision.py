@@ -160,31 +160,22 @@ class _AutocastRun(fx.Interpreter):
             args = tuple(_to_dtype(a, widest) for a in args)
             out = n.target(*args, **kwargs)
             casts = {where: widest for where, dtype in dtypes.items() if dtype != widest}
-        elif _mixes_dtypes(dtypes, casts):
+        elif not casts and _mixes_dtypes(dtypes, casts):
             # Autocast cast only inside the op (an einsum's bmm on its permuted
             # operands): without autocast the op may refuse the mixed inputs it
             # was given (a bf16 cumsum beside fp32 weights). Where it does, its
             # inputs are cast to the dtype autocast computed it in.
-            casted = tuple(_cast_at(a, i, casts) for i, a in enumerate(args))
             try:
-                n.target(*casted, **kwargs)
+                n.target(*args, **kwargs)
             except RuntimeError:
                 computed = next((t.dtype for t in pytree.tree_leaves(out)
                                  if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
                 if computed is not None:
                     casts = {where: computed for where, dtype in dtypes.items()
-                             if casts.get(where, dtype) != computed}
+                             if dtype != computed}
         if casts:
             self.casts[n.name] = casts
         return out
-
-
-def _cast_at(arg: Any, i: int, casts: dict[tuple, torch.dtype]) -> Any:
-    """Argument ``i`` with ``casts`` (position -> dtype) applied."""
-    if isinstance(arg, (list, tuple)):
-        return type(arg)(t.to(casts[(i, j)]) if (i, j) in casts else t
-                         for j, t in enumerate(arg))
-    return arg.to(casts[(i,)]) if (i,) in casts else arg
 
 
 def _to_dtype(value: Any, dtype: torch.dtype) -> Any:

@@ -546,18 +546,13 @@ def _cpu_matmul(op: Any, *operands: int) -> Callable[[tuple, Any], int]:
 #: rule holds on every device. On the CPU, oneDNN's convolutions and its
 #: low-precision matmuls are measured per argument shape (``kernel_scratch``);
 #: native batch norm's rule is derived from its allocations (PyTorch profiler
-#: memory events). cuDNN's algorithm-dependent
-#: workspaces are not modelled.
+#: memory events). cuDNN's algorithm-dependent workspaces are not modelled.
+_MATMUL_OPERANDS = {_aten.mm.default: (0, 1), _aten.addmm.default: (1, 2),
+                    _aten.bmm.default: (0, 1), _aten.baddbmm.default: (1, 2)}
 WORKSPACE: dict[Any, Callable[[tuple, Any], int]] = {
-    _aten.mm.default: _matmul_copies(0, 1),
-    _aten.addmm.default: _matmul_copies(1, 2),
-    _aten.bmm.default: _matmul_copies(0, 1),
-    _aten.baddbmm.default: _matmul_copies(1, 2),
-}
+    op: _matmul_copies(*operands) for op, operands in _MATMUL_OPERANDS.items()}
 CPU_WORKSPACE: dict[Any, Callable[[tuple, Any], int]] = {
-    **{op: _cpu_matmul(op, *rule_operands) for op, rule_operands in (
-        (_aten.mm.default, (0, 1)), (_aten.addmm.default, (1, 2)),
-        (_aten.bmm.default, (0, 1)), (_aten.baddbmm.default, (1, 2)))},
+    **{op: _cpu_matmul(op, *operands) for op, operands in _MATMUL_OPERANDS.items()},
     _aten.convolution.default: _measured(_aten.convolution.default, _conv_forward_estimate),
     _aten.convolution_backward.default: _measured(_aten.convolution_backward.default,
                                                   _conv_backward_estimate),
