@@ -136,7 +136,12 @@ def test_a_recurrent_op_autocast_decomposes_runs_in_one_dtype(rnn):
             dtypes = {a.meta["val"].dtype for a in node.all_input_nodes
                       if a.meta["val"].dtype.is_floating_point}
             assert len(dtypes) == 1, (node, dtypes)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        eager = model(x).item()
     ours = traced.exported.module()(x).item()
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            eager = model(x).item()
+    except RuntimeError as err:  # oneDNN without bf16 RNN kernels (an AVX2-only CPU)
+        if "primitive descriptor" not in str(err):
+            raise
+        pytest.skip(f"eager autocast cannot run a bf16 {rnn.__name__} on this CPU: {err}")
     assert ours == pytest.approx(eager, rel=3e-2)

@@ -98,6 +98,27 @@ def test_a_pipeline_over_the_budget_is_refused():
                      microbatches=2, **SPEEDS)
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_pipeline_budget_error_names_a_least_that_plans(schedule):
+    """The least budget a pipeline's ``InfeasibleBudgetError`` names is the
+    same from a 1-byte budget and from one just under it, and every budget
+    from it up plans (before: None from 1 byte; GPipe at 3e6 B refused,
+    naming 3.12e6, where 2e6 planned)."""
+    model, inputs = _mlp(256, batch=256)
+    options = dict(loss_fn=mean_square_loss, pipeline=2, microbatches=4, schedule=schedule,
+                   **SPEEDS)
+    with pytest.raises(automap.InfeasibleBudgetError) as tiny:
+        automap.plan(model, inputs, DeviceMesh((4,)), 1.0, **options)
+    least = tiny.value.smallest_feasible_budget_bytes
+    assert least is not None and "smallest feasible budget" in str(tiny.value)
+    with pytest.raises(automap.InfeasibleBudgetError) as under:
+        automap.plan(model, inputs, DeviceMesh((4,)), 0.97 * least, **options)
+    assert under.value.smallest_feasible_budget_bytes == least
+    for budget in (least, 1.6 * least):
+        plan = automap.plan(model, inputs, DeviceMesh((4,)), budget, **options)
+        assert all(s.predicted_peak_memory_bytes <= budget for s in plan.pipeline.stages)
+
+
 def test_mesh_cuts():
     mesh = DeviceMesh((2, 4), alpha_s=[1e-5, 1e-6], bandwidth_bytes_per_s=[1e9, 1e11])
     assert stage_counts(mesh) == [1, 2, 4, 8]
@@ -240,6 +261,34 @@ def test_partition_is_optimal_against_brute_force(seed):
         assert found is None
         return
     assert found is not None and found.step_s == pytest.approx(reported)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_least_budget_is_the_brute_force_least_of_the_largest_stage(seed):
+    """``least_budget`` is the least over splits of the largest stage peak (a
+    stage recomputing where that is leaner), to its tolerance, and the DP
+    plans within it and not below."""
+    from automap.planner.pipeline_partition import LEAST_TOLERANCE, least_budget
+
+    rng = np.random.default_rng(seed)
+    k, n, m = 7, 3, int(rng.integers(1, 5))
+    times, saved, state = rng.uniform(0.1, 1, k), rng.uniform(0, 10, k), rng.uniform(0, 10, k)
+    stages = cut_mesh(DeviceMesh((n,), alpha_s=1e-3, bandwidth_bytes_per_s=1e6), n)
+    chain = _chain(times, saved, state)
+    least = least_budget(chain, stages, m, "1f1b")
+
+    def peak(s: int, a: int, b: int) -> float:
+        flight = in_flight("1f1b", m, n, s)
+        # Recomputing keeps each microbatch's input (1e3 B after the first
+        # stage) and one microbatch's activations.
+        return state[a:b].sum() + min(flight * saved[a:b].sum(),
+                                      flight * (1e3 if a else 0.0) + saved[a:b].sum())
+
+    brute = min(max(peak(s, a, b) for s, (a, b) in enumerate(zip((0, *cuts), (*cuts, k))))
+                for cuts in itertools.combinations(range(1, k), n - 1))
+    assert brute <= least <= brute * (1 + LEAST_TOLERANCE)
+    assert best_partition(chain, stages, m, "1f1b", least) is not None
+    assert best_partition(chain, stages, m, "1f1b", brute * (1 - LEAST_TOLERANCE)) is None
 
 
 def test_a_stage_recomputes_to_fit():

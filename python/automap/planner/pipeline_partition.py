@@ -280,6 +280,51 @@ def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedul
     return best
 
 
+#: The least budget is bisected to this share of itself.
+LEAST_TOLERANCE = 1e-4
+
+
+def least_budget(chain: Chain, stages: StageMeshes, microbatches: int, schedule: str,
+                 optimizer="adamw", virtual: int = 1) -> float | None:
+    """The least budget (bytes per device, the partition model's) within which
+    some split of ``chain`` fits, stages recomputing where that helps: the
+    smallest ``budget`` for which ``best_partition`` finds a split, to
+    ``LEAST_TOLERANCE`` (bisected: a larger budget only admits more splits).
+    None when there are fewer units than chunks."""
+    ranges = _Ranges(chain)
+    n = stages.count
+    if ranges.K < n * virtual:
+        return None
+    flights = (in_flight_counts(schedule, microbatches, n, virtual) if virtual > 1 else
+               [in_flight(schedule, microbatches, n, k) for k in range(n)])
+
+    def fits(budget: float) -> bool:
+        return any(_least_sum(_stage_matrices(chain, ranges, stages, microbatches, schedule,
+                                              budget, optimizer, True, virtual, shares)[0],
+                              np.inf)[1] is not None
+                   for shares in chunk_shares(ranges, flights, n))
+
+    free = best_partition(chain, stages, microbatches, schedule, None, optimizer,
+                          virtual=virtual)
+    if free is None:
+        return None
+    hi = max(free.peak_bytes)
+    for _ in range(64):  # interleaved chunks within their shares may need more
+        if fits(hi):
+            break
+        hi *= 2
+    else:  # pragma: no cover - every split fits some finite budget
+        return None
+    lo = 0.0
+    while hi - lo > LEAST_TOLERANCE * hi:
+        mid = (lo + hi) / 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def _best_within(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbatches: int,
                  schedule: str, budget, optimizer, recompute: bool, virtual: int,
                  shared_slowdown: float, shares: list[float] | None) -> Partition | None:

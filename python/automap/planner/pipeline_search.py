@@ -22,7 +22,8 @@ the simulated one. Where a stage exceeds the budget, the partition is searched
 again with per-stage budgets corrected by simulated/modelled (at most
 ``VERIFY_ROUNDS`` rounds; only the chosen plan and its retries are simulated);
 if that fails the next stage count is tried, and when none verifies,
-``InfeasibleBudgetError`` names the least simulated worst-stage peak seen."""
+``InfeasibleBudgetError`` names a least budget found independently of the
+budget asked (``_least_named``)."""
 
 from __future__ import annotations
 
@@ -33,12 +34,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from automap.checkpoint.chain import choice_of_plan
 from automap.errors import InfeasibleBudgetError, InvalidPipelineError, SolverTimeLimitError
 from automap.planner.pipeline_bound import step_lower_bound_s
 from automap.planner.pipeline_chain import build_chain, cut_positions
 from automap.planner.pipeline_mesh import cut_mesh
-from automap.planner.pipeline_partition import Partition, best_partition, price_bounds
+from automap.planner.pipeline_partition import (
+    Partition,
+    best_partition,
+    least_budget,
+    price_bounds,
+)
 from automap.planner.pipeline_record import PipelineRecord, StageRecord
 from automap.planner.plan import Plan
 from automap.planner.reserve import STAGE_HEADROOM, reserved
@@ -123,7 +131,8 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
                     schedule: str, optimizer, stacks, intra_op: Plan | None,
                     intra_op_error: InfeasibleBudgetError | None = None,
                     explicit: bool = False,
-                    shared_slowdown: float = 1.0, work_s: float = 0.0) -> Plan:
+                    shared_slowdown: float = 1.0, work_s: float = 0.0,
+                    name_least: bool = True) -> Plan:
     """The fastest plan over the stage ``counts`` and, for each count ``n``,
     the microbatch counts ``microbatches(n)`` (one for an explicit
     ``microbatches=M``; several for ``"auto"``, each priced with its own
@@ -140,7 +149,12 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
     bound is below its step, so the pipelines are verified in the order of
     their steps, as if every pair had been searched; the pairs still
     unsearched when a plan is returned are recorded with their bound
-    (``pruned``), not searched."""
+    (``pruned``), not searched.
+
+    Where nothing fits the budget, the least budget named is a property of
+    the model, mesh and options, not of the budget asked (``_least_named``;
+    ``name_least=False``: the least simulated worst-stage peak this search
+    saw, or None)."""
     t0 = time.perf_counter()
     tried = [n for n in counts if n > 1]
     least = 2 if schedule == "interleaved" else 1  # chunks per stage
@@ -169,11 +183,13 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
     timeouts: list[SolverTimeLimitError] = []
     intra_s = intra_op.predicted_step_s if intra_op is not None else None
     least_peak: float | None = None  # the least simulated worst-stage peak seen
+    searched: list[tuple[int, int]] = []  # (n, M) pairs
     while heap:
         entry = heapq.heappop(heap)
         key, kind, n, m = entry[:4]
         stages = cut_mesh(mesh, n)
         if kind == _SEARCH:
+            searched.append((n, m))
             one = prepare(m)
             start = time.perf_counter()
             found, sub_plan, chain = _search_count(one, stages, n, m, units, schedule,
@@ -201,25 +217,116 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
             _record_pruned(heap, mesh, candidates)
             return plan
     _record_pruned(heap, mesh, candidates)
-    if intra_op is None:
-        if intra_op_error is not None and least_peak is None:
-            raise intra_op_error
-        if timeouts and not found_any:
-            raise timeouts[0]
-        if least_peak is not None:
-            raise InfeasibleBudgetError(
-                f"no pipeline of {tried} stages fits a memory budget of "
-                f"{memory_budget_bytes or 0:.4g} bytes per device in its simulated step "
-                f"(the model's plans exceed it); the smallest feasible budget is about "
-                f"{least_peak:.4g} bytes ({least_peak / 2**20:.1f} MiB, the leanest verified "
-                f"pipeline's worst stage with its reserve)", int(least_peak) + 1)
-        raise InfeasibleBudgetError(
-            f"no pipeline of {tried} stages fits a memory budget of "
-            f"{memory_budget_bytes or 0:.4g} bytes per device, even with stages "
-            f"recomputing their forward; raise the budget, use more stages or devices",
-            None)
-    intra_op.solver["pipeline_candidates"] = candidates
-    return intra_op
+    if intra_op is not None:
+        intra_op.solver["pipeline_candidates"] = candidates
+        return intra_op
+    if timeouts and not found_any and intra_op_error is None:
+        raise timeouts[0]
+    budget_text = f"{memory_budget_bytes or 0:.4g}"
+    error = InfeasibleBudgetError(
+        f"no pipeline of {tried} stages fits a memory budget of {budget_text} bytes per "
+        "device, even with stages recomputing their forward; raise the budget, use more "
+        "stages or devices", None)
+    if least_peak is not None:
+        error = _least_error(tried, budget_text, least_peak, "the leanest verified "
+                             "pipeline's worst stage with its reserve")
+    if name_least and memory_budget_bytes is not None and searched:
+        def search_at(budget: float) -> Plan:
+            return search_pipeline(prepare, mesh, budget, counts, microbatches=microbatches,
+                                   schedule=schedule, optimizer=optimizer, stacks=stacks,
+                                   intra_op=None, explicit=explicit,
+                                   shared_slowdown=shared_slowdown, work_s=work_s,
+                                   name_least=False)
+
+        least = min((x for x in (_least_of_pair(prepare(m), cut_mesh(mesh, n), m, units,
+                                                schedule, optimizer, stacks)
+                                 for n, m in searched) if x is not None), default=None)
+        if least is not None:
+            fitted, error = _least_named(least, search_at, memory_budget_bytes, tried,
+                                         budget_text, error)
+            if fitted is not None:
+                return fitted
+    named = error.smallest_feasible_budget_bytes
+    intra_least = intra_op_error.smallest_feasible_budget_bytes if intra_op_error else None
+    if intra_op_error is not None and (
+            named is None or (intra_least is not None and intra_least <= named)):
+        raise intra_op_error
+    raise error
+
+
+def _least_error(tried: list[int], budget_text: str, least: float, what: str,
+                 why: str = " in its simulated step (the model's plans exceed it)"
+                 ) -> InfeasibleBudgetError:
+    return InfeasibleBudgetError(
+        f"no pipeline of {tried} stages fits a memory budget of {budget_text} bytes per "
+        f"device{why}; the smallest feasible budget is about {least:.4g} bytes "
+        f"({least / 2**20:.1f} MiB, {what})", int(np.ceil(least)))
+
+
+def _least_of_pair(one: Microbatched, stages, microbatches: int, units: int, schedule: str,
+                   optimizer, stacks) -> float | None:
+    """The least budget at which the partition model fits ``n`` stages of
+    ``microbatches`` microbatches (``stages``): the partition DP's least
+    (``least_budget``) over the leanest submesh plan's chain (the plan at the
+    least budget a 1-byte search of the submesh names). None where that plan
+    is not found."""
+    try:
+        one.plan_submesh(stages.submesh, 1.0)
+        least = 1.0  # pragma: no cover - nothing fits in a byte
+    except InfeasibleBudgetError as err:
+        if not err.smallest_feasible_budget_bytes:
+            return None
+        least = float(err.smallest_feasible_budget_bytes)
+    except SolverTimeLimitError:
+        return None
+    for _ in range(LEANEST_TRIES):
+        try:
+            plan_n, table = one.plan_submesh(stages.submesh, least * (1 + 1e-6))
+            break
+        except InfeasibleBudgetError as again:
+            named = again.smallest_feasible_budget_bytes
+            if not named or named <= least:
+                return None
+            least = float(named)
+        except SolverTimeLimitError:
+            return None
+    else:
+        return None
+    chain = build_chain(one.traced, one.profile, table, choice_of_plan(table, plan_n),
+                        one.blocks, stacks)
+    found = [least_budget(chain, stages, microbatches, schedule, optimizer, virtual=v)
+             for v in virtual_counts(schedule, stages.count, units)]
+    return min((x for x in found if x is not None), default=None)
+
+
+#: Searches at the least a failed search names, each at the one the last named
+#: (as ``search.LEANEST_TRIES``).
+LEANEST_TRIES = 3
+
+
+def _least_named(least: float, search_at: Callable[[float], Plan], budget: float,
+                 tried: list[int], budget_text: str, error: InfeasibleBudgetError
+                 ) -> tuple[Plan | None, InfeasibleBudgetError]:
+    """The pipeline search at the partition model's ``least`` budget and, where
+    its simulated step does not fit there, at the least each failed search
+    names: (the plan found, if it fits ``budget``; the error naming the budget
+    at which the search succeeded, or ``error`` where none did)."""
+    for _ in range(LEANEST_TRIES):
+        at = float(np.ceil(least * (1 + 1e-6)))
+        try:
+            found = search_at(at)
+        except InfeasibleBudgetError as again:
+            named = again.smallest_feasible_budget_bytes
+            if not named or named <= least:
+                return None, error
+            least = float(named)
+            continue
+        if found.predicted_peak_memory_bytes <= budget:
+            return found, error
+        return None, _least_error(tried, budget_text, at, "a budget at which the pipeline "
+                                  "search plans, its stages simulated within it",
+                                  ", even with stages recomputing their forward")
+    return None, error
 
 
 
@@ -252,7 +359,7 @@ def _search_count(one: Microbatched, stages, n: int, microbatches: int, units: i
     submesh ILP out of time is appended to ``timeouts``)."""
     found, sub_plan, chain = None, None, None
     budgets = [None if budget is None else budget * n]
-    leaner = leanest = False  # each tried once
+    leaner = leanest = probed = False  # each tried once
     while budgets:
         try:
             plan_n, table = one.plan_submesh(stages.submesh, budgets.pop(0))
@@ -283,6 +390,11 @@ def _search_count(one: Microbatched, stages, n: int, microbatches: int, units: i
             break  # a leaner intra-op plan would be slower
         if not leaner and budget is not None:
             budgets, leaner = leaner_budgets(plan_n), True
+        if not budgets and found is None and not (leanest or probed) and budget is not None:
+            # The leaner plans did not fit either: the leanest one (the plan
+            # at the least budget a 1-byte search names) is the last try, so
+            # that a pair fits wherever its least (``_least_of_pair``) allows.
+            budgets, probed = [1.0], True
     return found, sub_plan, chain
 
 
