@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -39,7 +40,7 @@ import numpy as np
 from automap.checkpoint.chain import choice_of_plan
 from automap.errors import InfeasibleBudgetError, InvalidPipelineError, SolverTimeLimitError
 from automap.planner.pipeline_bound import step_lower_bound_s
-from automap.planner.pipeline_chain import build_chain, cut_positions
+from automap.planner.pipeline_chain import Chain, build_chain, cut_positions
 from automap.planner.pipeline_mesh import cut_mesh
 from automap.planner.pipeline_partition import (
     Partition,
@@ -184,6 +185,7 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
     intra_s = intra_op.predicted_step_s if intra_op is not None else None
     least_peak: float | None = None  # the least simulated worst-stage peak seen
     searched: list[tuple[int, int]] = []  # (n, M) pairs
+    order = itertools.count()  # ties between verify entries never compare plans
     while heap:
         entry = heapq.heappop(heap)
         key, kind, n, m = entry[:4]
@@ -202,9 +204,10 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
                      f"step {found.step_s * 1e3:.3f} ms", seconds)
             if found is not None and sub_plan is not None:
                 found_any = True
-                heapq.heappush(heap, (found.step_s, _VERIFY, n, m, (sub_plan, found, chain)))
+                heapq.heappush(heap, (found.step_s, _VERIFY, n, m, next(order),
+                                      (sub_plan, found, chain, False)))
             continue
-        sub_plan, partition, chain = entry[4]
+        sub_plan, partition, chain, leaner = entry[5]
         if intra_s is not None and intra_s <= partition.step_s and not explicit:
             break
         plan, seen = _verified(sub_plan, partition, stages, chain, m, schedule,
@@ -216,6 +219,15 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
                                      and not explicit):
             _record_pruned(heap, mesh, candidates)
             return plan
+        if plan is None and not leaner:
+            # The pair's plan fitted the partition model but not its simulated
+            # step: the pair's leaner submesh plans compete in their turn (by
+            # step), as the search would have found them had the model known.
+            for found, plan_n, chain_n in _leaner_partitions(
+                    prepare(m), stages, m, units, schedule, memory_budget_bytes, optimizer,
+                    stacks, shared_slowdown, sub_plan):
+                heapq.heappush(heap, (found.step_s, _VERIFY, n, m, next(order),
+                                      (plan_n, found, chain_n, True)))
     _record_pruned(heap, mesh, candidates)
     if intra_op is not None:
         intra_op.solver["pipeline_candidates"] = candidates
@@ -396,6 +408,46 @@ def _search_count(one: Microbatched, stages, n: int, microbatches: int, units: i
             # that a pair fits wherever its least (``_least_of_pair``) allows.
             budgets, probed = [1.0], True
     return found, sub_plan, chain
+
+
+def _leaner_partitions(one: Microbatched, stages, microbatches: int, units: int,
+                       schedule: str, budget, optimizer, stacks, shared_slowdown: float,
+                       failed: Plan) -> list[tuple[Partition, Plan, Chain]]:
+    """The best partitions of the submesh plans leaner than ``failed`` (whose
+    pipeline's simulated step did not fit ``budget``): the plans keeping a
+    share of its activations (``leaner_budgets``) and the leanest one, each
+    distinct plan's best split within ``budget``."""
+    if budget is None:
+        return []
+    seen = {(failed.predicted_step_s, failed.predicted_peak_memory_bytes)}
+    out = []
+    budgets = leaner_budgets(failed) + [1.0]  # 1 byte: names the leanest plan's budget
+    while budgets:
+        asked = budgets.pop(0)
+        try:
+            plan_n, table = one.plan_submesh(stages.submesh, asked)
+        except InfeasibleBudgetError as err:
+            least = err.smallest_feasible_budget_bytes
+            if asked == 1.0 and least:
+                budgets.append(float(least) * (1 + 1e-6))
+            continue
+        except SolverTimeLimitError:
+            continue
+        key = (plan_n.predicted_step_s, plan_n.predicted_peak_memory_bytes)
+        if key in seen:
+            continue
+        seen.add(key)
+        chain = build_chain(one.traced, one.profile, table, choice_of_plan(table, plan_n),
+                            one.blocks, stacks)
+        split = None
+        for v in virtual_counts(schedule, stages.count, units):
+            part = best_partition(chain, stages, microbatches, schedule, budget, optimizer,
+                                  virtual=v, shared_slowdown=shared_slowdown)
+            if part is not None and (split is None or part.step_s < split.step_s):
+                split = part
+        if split is not None:
+            out.append((split, plan_n, chain))
+    return out
 
 
 def _verified(sub_plan: Plan, partition: Partition, stages, chain, microbatches: int,
