@@ -243,17 +243,22 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
         error = _least_error(tried, budget_text, least_peak, "the leanest verified "
                              "pipeline's worst stage with its reserve")
     if name_least and memory_budget_bytes is not None and searched:
-        def search_at(budget: float) -> Plan:
-            return search_pipeline(prepare, mesh, budget, counts, microbatches=microbatches,
-                                   schedule=schedule, optimizer=optimizer, stacks=stacks,
-                                   intra_op=None, explicit=explicit,
-                                   shared_slowdown=shared_slowdown, work_s=work_s,
-                                   name_least=False)
+        leasts = [(x, n, m) for n, m in searched
+                  if (x := _least_of_pair(prepare(m), cut_mesh(mesh, n), m, units, schedule,
+                                          optimizer, stacks)) is not None]
+        if leasts:
+            # Only the pair of the least is searched at it: the others do not
+            # fit there by the model, and a search of all would verify that
+            # pair's plans all the same (each pair's retries are its own).
+            least, least_n, least_m = min(leasts)
 
-        least = min((x for x in (_least_of_pair(prepare(m), cut_mesh(mesh, n), m, units,
-                                                schedule, optimizer, stacks)
-                                 for n, m in searched) if x is not None), default=None)
-        if least is not None:
+            def search_at(budget: float) -> Plan:
+                return search_pipeline(prepare, mesh, budget, [least_n],
+                                       microbatches=lambda _: [least_m], schedule=schedule,
+                                       optimizer=optimizer, stacks=stacks, intra_op=None,
+                                       explicit=explicit, shared_slowdown=shared_slowdown,
+                                       work_s=work_s, name_least=False)
+
             fitted, error = _least_named(least, search_at, memory_budget_bytes, tried,
                                          budget_text, error)
             if fitted is not None:
