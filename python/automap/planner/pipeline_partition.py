@@ -75,6 +75,14 @@ def in_flight(schedule: str, microbatches: int, stages: int, k: int, virtual: in
     return microbatches if schedule == "gpipe" else min(microbatches, stages - k)
 
 
+def _flights(schedule: str, microbatches: int, stages: int, virtual: int) -> list[int]:
+    """Per chunk, the microbatches in flight (``in_flight``; interleaved: all
+    ``stages * virtual`` chunks' from torch's order at once)."""
+    if virtual > 1:
+        return in_flight_counts(schedule, microbatches, stages, virtual)
+    return [in_flight(schedule, microbatches, stages, k) for k in range(stages)]
+
+
 def schedule_step_s(sum_s: float, max_s: float, microbatches: int, virtual: int = 1,
                     shared_slowdown: float = 1.0, submeshes: int = 1) -> float:
     """The schedule's step over ``microbatches`` from the sum ``sum_s`` and the
@@ -194,8 +202,7 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
                          for j in range(1, chunks)]).reshape(chunks - 1, k_units)
     times, peaks, recomputed = [], [], []
     per_stage = budget if isinstance(budget, (list, tuple)) else [budget] * n
-    flights = (in_flight_counts(schedule, microbatches, n, virtual) if virtual > 1 else
-               [in_flight(schedule, microbatches, n, k) for k in range(n)])
+    flights = _flights(schedule, microbatches, n, virtual)
     shares = shares or [1.0 / virtual] * chunks
     for k in range(chunks):
         budget = per_stage[k % n]
@@ -269,8 +276,7 @@ def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedul
     n = stages.count
     if ranges.K < n * virtual:
         return None
-    flights = (in_flight_counts(schedule, microbatches, n, virtual) if virtual > 1 else
-               [in_flight(schedule, microbatches, n, k) for k in range(n)])
+    flights = _flights(schedule, microbatches, n, virtual)
     best = None
     for shares in (chunk_shares(ranges, flights, n) if budget is not None else [None]):
         found = _best_within(chain, ranges, stages, microbatches, schedule, budget, optimizer,
@@ -295,8 +301,7 @@ def least_budget(chain: Chain, stages: StageMeshes, microbatches: int, schedule:
     n = stages.count
     if ranges.K < n * virtual:
         return None
-    flights = (in_flight_counts(schedule, microbatches, n, virtual) if virtual > 1 else
-               [in_flight(schedule, microbatches, n, k) for k in range(n)])
+    flights = _flights(schedule, microbatches, n, virtual)
 
     def fits(budget: float) -> bool:
         return any(_least_sum(_stage_matrices(chain, ranges, stages, microbatches, schedule,

@@ -287,28 +287,10 @@ def _least_of_pair(one: Microbatched, stages, microbatches: int, units: int, sch
     (``least_budget``) over the leanest submesh plan's chain (the plan at the
     least budget a 1-byte search of the submesh names). None where that plan
     is not found."""
-    try:
-        one.plan_submesh(stages.submesh, 1.0)
-        least = 1.0  # pragma: no cover - nothing fits in a byte
-    except InfeasibleBudgetError as err:
-        if not err.smallest_feasible_budget_bytes:
-            return None
-        least = float(err.smallest_feasible_budget_bytes)
-    except SolverTimeLimitError:
+    leanest = _leanest_submesh(one, stages)
+    if leanest is None:
         return None
-    for _ in range(LEANEST_TRIES):
-        try:
-            plan_n, table = one.plan_submesh(stages.submesh, least * (1 + 1e-6))
-            break
-        except InfeasibleBudgetError as again:
-            named = again.smallest_feasible_budget_bytes
-            if not named or named <= least:
-                return None
-            least = float(named)
-        except SolverTimeLimitError:
-            return None
-    else:
-        return None
+    plan_n, table = leanest
     chain = build_chain(one.traced, one.profile, table, choice_of_plan(table, plan_n),
                         one.blocks, stacks)
     found = [least_budget(chain, stages, microbatches, schedule, optimizer, virtual=v)
@@ -319,6 +301,38 @@ def _least_of_pair(one: Microbatched, stages, microbatches: int, units: int, sch
 #: Searches at the least a failed search names, each at the one the last named
 #: (as ``search.LEANEST_TRIES``).
 LEANEST_TRIES = 3
+
+
+def _leanest_submesh(one: Microbatched, stages):
+    """The submesh plan at the least budget a 1-byte search of the submesh
+    names (and, where that search finds nothing, at the least it names in
+    turn, up to ``LEANEST_TRIES``), with its strategy table; None where none
+    is found."""
+    least = 1.0
+    for _ in range(LEANEST_TRIES + 1):
+        try:
+            return one.plan_submesh(stages.submesh, least)
+        except InfeasibleBudgetError as err:
+            named = err.smallest_feasible_budget_bytes
+            if not named or named <= least:
+                return None
+            least = float(named) * (1 + 1e-6)
+        except SolverTimeLimitError:
+            return None
+    return None
+
+
+def _best_split(chain: Chain, stages, microbatches: int, units: int, schedule: str, budget,
+                optimizer, shared_slowdown: float) -> Partition | None:
+    """``best_partition`` over the chunks per rank the schedule allows
+    (``virtual_counts``): the fastest split, None where none fits."""
+    split = None
+    for v in virtual_counts(schedule, stages.count, units):
+        part = best_partition(chain, stages, microbatches, schedule, budget, optimizer,
+                              virtual=v, shared_slowdown=shared_slowdown)
+        if part is not None and (split is None or part.step_s < split.step_s):
+            split = part
+    return split
 
 
 def _least_named(least: float, search_at: Callable[[float], Plan], budget: float,
@@ -395,12 +409,8 @@ def _search_count(one: Microbatched, stages, n: int, microbatches: int, units: i
             continue
         chain_n = build_chain(one.traced, one.profile, table, choice_of_plan(table, plan_n),
                               one.blocks, stacks)
-        split = None
-        for v in virtual_counts(schedule, n, units):
-            part = best_partition(chain_n, stages, microbatches, schedule, budget, optimizer,
-                                  virtual=v, shared_slowdown=shared_slowdown)
-            if part is not None and (split is None or part.step_s < split.step_s):
-                split = part
+        split = _best_split(chain_n, stages, microbatches, units, schedule, budget, optimizer,
+                            shared_slowdown)
         if split is not None and (found is None or split.step_s < found.step_s):
             found, sub_plan, chain = split, plan_n, chain_n
         if found is not None and not any(found.recompute):
@@ -426,30 +436,22 @@ def _leaner_partitions(one: Microbatched, stages, microbatches: int, units: int,
         return []
     seen = {(failed.predicted_step_s, failed.predicted_peak_memory_bytes)}
     out = []
-    budgets = leaner_budgets(failed) + [1.0]  # 1 byte: names the leanest plan's budget
-    while budgets:
-        asked = budgets.pop(0)
+    plans = []
+    for asked in leaner_budgets(failed):
         try:
-            plan_n, table = one.plan_submesh(stages.submesh, asked)
-        except InfeasibleBudgetError as err:
-            least = err.smallest_feasible_budget_bytes
-            if asked == 1.0 and least:
-                budgets.append(float(least) * (1 + 1e-6))
+            plans.append(one.plan_submesh(stages.submesh, asked))
+        except (InfeasibleBudgetError, SolverTimeLimitError):
             continue
-        except SolverTimeLimitError:
-            continue
+    leanest = _leanest_submesh(one, stages)
+    for plan_n, table in plans + ([leanest] if leanest is not None else []):
         key = (plan_n.predicted_step_s, plan_n.predicted_peak_memory_bytes)
         if key in seen:
             continue
         seen.add(key)
         chain = build_chain(one.traced, one.profile, table, choice_of_plan(table, plan_n),
                             one.blocks, stacks)
-        split = None
-        for v in virtual_counts(schedule, stages.count, units):
-            part = best_partition(chain, stages, microbatches, schedule, budget, optimizer,
-                                  virtual=v, shared_slowdown=shared_slowdown)
-            if part is not None and (split is None or part.step_s < split.step_s):
-                split = part
+        split = _best_split(chain, stages, microbatches, units, schedule, budget, optimizer,
+                            shared_slowdown)
         if split is not None:
             out.append((split, plan_n, chain))
     return out
