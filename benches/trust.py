@@ -47,16 +47,19 @@ MAX_ERROR = 0.05
 FRACTIONS = (None, 0.67, 0.33, "least")
 
 
-def plans_for(name: str, folder: str, fractions, modes=("off", "auto")) -> list[dict]:
+def plans_for(name: str, folder: str, fractions, modes=("off", "auto"), mesh_shape=MESH,
+              backend: str = "gloo", speeds: dict | None = None) -> list[dict]:
     """Plan ``name`` for each budget of ``fractions`` (see ``FRACTIONS``) and
-    checkpointing mode."""
-    mesh = automap.DeviceMesh(MESH, backend="gloo")  # the ranks it runs on
+    checkpointing mode, on ``mesh_shape`` with ``backend``'s collectives (the
+    ranks it runs on) at ``speeds`` (default ``SPEEDS``)."""
+    mesh = automap.DeviceMesh(mesh_shape, backend=backend)
+    speeds = SPEEDS if speeds is None else speeds
     model, inputs, loss_fn = build(name)
-    free = automap.plan(model, inputs, mesh, loss_fn=loss_fn, **SPEEDS)
+    free = automap.plan(model, inputs, mesh, loss_fn=loss_fn, **speeds)
     least = {}
     for mode in modes:
         try:
-            automap.plan(model, inputs, mesh, 1.0, loss_fn=loss_fn, **SPEEDS, checkpointing=mode)
+            automap.plan(model, inputs, mesh, 1.0, loss_fn=loss_fn, **speeds, checkpointing=mode)
         except automap.InfeasibleBudgetError as err:
             least[mode] = err.smallest_feasible_budget_bytes  # planning succeeds there
     rows = []
@@ -75,7 +78,7 @@ def plans_for(name: str, folder: str, fractions, modes=("off", "auto")) -> list[
             start = time.perf_counter()
             try:
                 plan = automap.plan(model, inputs, mesh, budget, loss_fn=loss_fn,
-                                    **SPEEDS, checkpointing=mode)
+                                    **speeds, checkpointing=mode)
             except automap.InfeasibleBudgetError as err:
                 row["infeasible"] = err.smallest_feasible_budget_bytes
                 rows.append(row)
@@ -84,6 +87,7 @@ def plans_for(name: str, folder: str, fractions, modes=("off", "auto")) -> list[
             row["path"] = os.path.join(folder, f"{name}_{fraction}_{mode}.json")
             plan.to_json(row["path"])
             row["predicted"] = plan.predicted_peak_memory_bytes
+            row["predicted_step_s"] = plan.predicted_step_s
             row["modelled"] = plan.solver.get(
                 "modelled_peak_bytes", plan.predicted_peak_memory_bytes
             )
@@ -106,10 +110,14 @@ def run(names, fractions) -> list[dict]:
     return rows
 
 
-def report(rows) -> bool:
+def report(rows, extra=()) -> bool:
+    """Print ``rows`` (with ``extra`` columns: (header, width, row -> text)); True
+    when every error is within ``MAX_ERROR`` and every measured peak within its
+    budget."""
     mib = 2**20
     print(f"{'model':7s} {'budget':>10s} {'ckpt':5s} {'blocks':>6s} {'modelled':>9s} "
-          f"{'predicted':>10s} {'measured per rank (MiB)':>34s} {'error':>7s}  fits")
+          f"{'predicted':>10s} {'measured per rank (MiB)':>34s} {'error':>7s}  fits"
+          + "".join(f" {header:>{width}s}" for header, width, _ in extra))
     ok, worst = True, 0.0
     for r in rows:
         budget = "none" if r["budget"] is None else f"{r['budget'] / mib:.2f}"
@@ -125,7 +133,8 @@ def report(rows) -> bool:
         ranks = " ".join(f"{m / mib:.2f}" for m in r["measured"])
         print(f"{r['model']:7s} {budget:>10s} {r['mode']:5s} {r['blocks']:6d} "
               f"{r['modelled'] / mib:9.2f} {r['predicted'] / mib:10.2f} {ranks:>34s} "
-              f"{error * 100:+6.1f}%  {'yes' if fits else 'NO'}")
+              f"{error * 100:+6.1f}%  {'yes' if fits else 'NO':>3s}"
+              + "".join(f" {text(r):>{width}s}" for _, width, text in extra))
     print(f"\nlargest |error| {worst * 100:.1f} % (goal {MAX_ERROR * 100:.0f} %)")
     return ok
 

@@ -30,27 +30,30 @@ class MLP(nn.Module):
         return self.head(self.body(x))
 
 
-def build(name: str):
-    """``(model, inputs, loss_fn)`` of a bench model, seeded, fp32, no dropout."""
+def build(name: str, device: str | torch.device = "cpu"):
+    """``(model, inputs, loss_fn)`` of a bench model, seeded, fp32, no dropout; the
+    inputs and the labels the loss holds on ``device``, the model on the CPU."""
     torch.manual_seed(0)
     if name == "mlp":
         model = MLP()
         # A batch whose activations weigh (16 MiB per rank unconstrained): with
         # 64 rows the unconstrained plan was already the leanest, every budget one.
         x, y = torch.randn(1024, 512), torch.randint(0, 16, (1024,))
+        x, y = x.to(device), y.to(device)
         return model, (x,), lambda out: nn.functional.cross_entropy(out, y)
     if name == "gpt2":
         import model_zoo
         from automap.trace.tracing import default_loss
 
         model = model_zoo.dropout_free_gpt2_lm(4, 256, 4, 2048, 128)
-        ids = torch.randint(0, 2048, (16, 128))
+        ids = torch.randint(0, 2048, (16, 128)).to(device)
         return model, {"input_ids": ids, "labels": ids}, default_loss
     if name == "resnet":
         import model_zoo
 
         model = model_zoo.ResNet(width=16)
         x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+        x, y = x.to(device), y.to(device)
         return model, (x,), lambda out: nn.functional.cross_entropy(out, y)
     raise ValueError(f"unknown bench model {name!r}")
 
@@ -80,16 +83,22 @@ def _allocation_peak_bytes(prof) -> int:
     return allocation_peak_bytes(prof.profiler.kineto_results, "cpu")
 
 
-def measure_plan(rank: int, world: int, name: str, plan_path: str, timed_steps: int = 0) -> dict:
+def measure_plan(rank: int, world: int, name: str, plan_path: str, timed_steps: int = 0,
+                 device: str | None = None) -> dict:
     """This rank's steady-state AdamW step under the plan saved at ``plan_path``
-    (``measure_training``)."""
+    (``measure_training``), on ``device`` (default: the backend's, CUDA under
+    NCCL; gloo ranks can share a GPU, their collectives staged through the host)."""
     from automap.api import apply
     from automap.planner.plan import Plan
 
-    model, inputs, loss_fn = build(name)
-    if torch.distributed.get_backend() == "nccl":
-        inputs = pytree.tree_map_only(torch.Tensor, lambda t: t.cuda(), inputs)
-    module = apply(Plan.from_json(plan_path), model, inputs, loss_fn=loss_fn)
+    if device is None and torch.distributed.get_backend() == "nccl":
+        device = "cuda"
+    dev = torch.device(device or "cpu")
+    if dev.type == "cuda":
+        dev = torch.device("cuda", dev.index or 0)
+        torch.cuda.set_device(dev)
+    model, inputs, loss_fn = build(name, dev)
+    module = apply(Plan.from_json(plan_path), model, inputs, loss_fn=loss_fn, device=dev)
     opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
 
     def step() -> float:
@@ -123,9 +132,13 @@ def measure_training(step, persistent, timed_steps: int = 0, warmup_steps: int =
         step()
     tensors = persistent()
     live = _storage_bytes(tensors) + (extra_live_bytes() if extra_live_bytes else 0)
+    allocated_before = None
     if any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in tensors):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+        # What the allocator holds beyond the live tensors (cuBLAS's workspace,
+        # say) is in the peak too: reported to tell the two apart.
+        allocated_before = torch.cuda.memory_allocated()
         loss = step()
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
@@ -141,10 +154,12 @@ def measure_training(step, persistent, timed_steps: int = 0, warmup_steps: int =
         step()
         times.append(time.perf_counter() - start)
     return {"peak_bytes": int(peak), "live_before_bytes": live, "loss": loss,
+            "allocated_before_bytes": allocated_before,
             "step_s": statistics.median(times) if times else None, "step_times_s": times}
 
 
-def measure_plans(rank: int, world: int, jobs: list[tuple[str, str]], timed_steps: int = 0
-                  ) -> dict[str, dict]:
+def measure_plans(rank: int, world: int, jobs: list[tuple[str, str]], timed_steps: int = 0,
+                  device: str | None = None) -> dict[str, dict]:
     """``measure_plan`` for each (model name, plan path), by path."""
-    return {path: measure_plan(rank, world, name, path, timed_steps) for name, path in jobs}
+    return {path: measure_plan(rank, world, name, path, timed_steps, device)
+            for name, path in jobs}

@@ -6,9 +6,13 @@ trained with AdamW; every rank's measured peak (the smaller of two runs) is with
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
+import torch
 
 from automap.launch import run_on_gloo
 from trust import MAX_ERROR, MESH, plans_for
@@ -50,3 +54,20 @@ def test_predicted_peaks_hold_on_every_rank():
     assert all(r["blocks"] > 0 for r in rows if r["model"] == "gpt2")
     mlp = {r["fraction"]: r["predicted"] for r in rows if r["model"] == "mlp"}
     assert mlp["least"] < mlp[None]
+
+
+@pytest.mark.timeout(300)
+def test_the_gpu_bench_runs_its_plans_on_one_rank():
+    """``benches/trust_gpu.py`` (one NCCL rank on a GPU) run on the CPU with one
+    gloo rank: it plans, measures and reports every row within 5 %. Without a GPU
+    ``--device cuda`` says so and exits 0."""
+    bench = Path(__file__).resolve().parents[2] / "benches" / "trust_gpu.py"
+    done = subprocess.run([sys.executable, str(bench), "mlp", "--quick", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("mlp ")]
+    assert len(rows) == 3 and all(" yes " in line for line in rows), done.stdout
+    if not torch.cuda.is_available():
+        gpu = subprocess.run([sys.executable, str(bench)], capture_output=True, text=True,
+                             timeout=60)
+        assert gpu.returncode == 0 and "no CUDA GPU" in gpu.stdout, gpu.stdout + gpu.stderr

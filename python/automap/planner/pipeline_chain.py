@@ -48,12 +48,21 @@ class Unit:
     sync: dict = field(default_factory=dict)
     saved_bytes: float = 0.0  # kept from a microbatch's forward to its backward
     transient_bytes: float = 0.0  # the largest while one node runs
+    #: The largest of a node's backward transient with the parameter gradients
+    #: it makes: a microbatch after the first makes them anew beside the ones
+    #: accumulated so far.
+    accumulating_bytes: float = 0.0
     #: Parameters, buffers and inputs it reads: key -> (bytes held the whole
     #: step, gradient bytes); a key is (placeholder, repeat).
     state: dict = field(default_factory=dict)
     #: Local bytes crossing the cut after this unit: forward, and the gradient back.
     out_bytes: float = 0.0
     out_grad_bytes: float = 0.0
+    #: Of ``out_bytes``: what no node of this side of the cut saves (the sender
+    #: holds it for the send), and what no node of the other side counts as
+    #: saved (the receiver's buffer is extra) (``Crossing``).
+    out_unsaved_bytes: float = 0.0
+    out_uncounted_bytes: float = 0.0
     largest_param_bytes: float = 0.0  # sizes the optimizer step's temporaries
     #: Whether it reads a trainable parameter: a stage needs one (its rank holds
     #: something to optimise; ``pipeline_partition._stage_matrices``).
@@ -66,6 +75,10 @@ class Chain:
     units: list[Unit]
     #: Trainable parameter key -> local gradient bytes (tied weights' sync).
     grads: dict
+    #: One microbatch's caller inputs (whole tensors): every rank is handed the
+    #: whole batch, so each holds all the microbatches' for the whole step
+    #: (``pipeline_partition``), not a unit's reader.
+    input_bytes: float = 0.0
 
 
 def cut_positions(traced, order: list[str], blocks) -> list[int]:
@@ -99,16 +112,60 @@ def _node_times(profile, table, choice) -> dict[str, tuple[float, float]]:
             for name, t in node_times(profile, table, choice).items()}
 
 
-def crossing_bytes(table, choice, order: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Per cut position ``p`` (0 .. len(order)): local bytes of the computed
-    tensors made before ``p`` and read at or after it, and of their gradients."""
+@dataclass
+class Crossing:
+    """Per cut position ``p`` (0 .. len(order)), local bytes of the computed
+    tensors made before ``p`` and read at or after it: all of them (``forward``),
+    their gradients (``backward``), those no node before ``p`` saves for its
+    backward (``unsaved_before``: the sending stage holds them only for the
+    send) and those no node from ``p`` on counts among its saved tensors
+    (``uncounted_after``: the receiving stage's buffer, kept until the
+    microbatch's backward, is in no saved term of its nodes)."""
+
+    forward: np.ndarray
+    backward: np.ndarray
+    unsaved_before: np.ndarray
+    uncounted_after: np.ndarray
+
+
+def _first_saver(table, choice, producer: str, readers: list[tuple[str, int]],
+                 position: dict[str, int]) -> int | None:
+    """The position of the first node that saves ``producer``'s output for its
+    backward, where the profile counts it (None: none saves it). The profile
+    counts a saved tensor at its first saver: a reader whose saved bytes hold
+    it, or, where readers save it only as a copy of an earlier node's
+    (``saved_copy_inputs``) and no reader counts it, the producer itself
+    (tanh, relu save their output)."""
+    counted, shared = [], False
+    for consumer, k in readers:
+        node = table.nodes[consumer]
+        per_input = node.saved_input_bytes
+        if per_input is not None and per_input[choice[consumer], k] > 0:
+            counted.append(position[consumer])
+        shared |= producer in node.saved_copy_inputs
+    if counted:
+        return min(counted)
+    return position[producer] if shared else None
+
+
+def crossing_bytes(table, choice, order: list[str]) -> Crossing:
+    """The ``Crossing`` of every cut position of ``order``."""
     position = {name: i for i, name in enumerate(order)}
     shard_count = ShardCounts(table.mesh)
     last: dict[tuple[str, int], int] = {}
-    for producer, o, consumer, _ in table.edges():
+    readers: dict[str, list[tuple[str, int]]] = {}
+    for producer, o, consumer, k in table.edges():
         if producer in position and consumer in position:
             last[(producer, o)] = max(last.get((producer, o), -1), position[consumer])
-    fwd, bwd = np.zeros(len(order) + 2), np.zeros(len(order) + 2)
+            readers.setdefault(producer, []).append((consumer, k))
+    fwd, bwd, unsaved, uncounted = (np.zeros(len(order) + 2) for _ in range(4))
+
+    def add(into: np.ndarray, first: int, end: int, nbytes: float) -> None:
+        """``nbytes`` at the cuts ``first .. end - 1``."""
+        if end > first:
+            into[first] += nbytes
+            into[end] -= nbytes
+
     for (producer, o), reader in last.items():
         start = position[producer]
         if reader <= start:
@@ -117,12 +174,18 @@ def crossing_bytes(table, choice, order: list[str]) -> tuple[np.ndarray, np.ndar
         info = node.outputs[o]
         local = info.nbytes / shard_count(node.out_specs[choice[producer]][o])
         # crosses the cuts start + 1 .. reader
-        fwd[start + 1] += local
-        fwd[reader + 1] -= local
+        add(fwd, start + 1, reader + 1, local)
         if info.is_float:
-            bwd[start + 1] += local
-            bwd[reader + 1] -= local
-    return np.cumsum(fwd)[:len(order) + 1], np.cumsum(bwd)[:len(order) + 1]
+            add(bwd, start + 1, reader + 1, local)
+        saver = _first_saver(table, choice, producer, readers[producer], position)
+        if saver is None:
+            add(unsaved, start + 1, reader + 1, local)
+            add(uncounted, start + 1, reader + 1, local)
+        else:  # saved before the cuts after the saver, counted after those up to it
+            add(unsaved, start + 1, min(saver, reader) + 1, local)
+            add(uncounted, max(saver + 1, start + 1), reader + 1, local)
+    n = len(order) + 1
+    return Crossing(*(np.cumsum(a)[:n] for a in (fwd, bwd, unsaved, uncounted)))
 
 
 def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
@@ -133,7 +196,7 @@ def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
     memory = plan_memory(table, choice, line)
     times = _node_times(profile, table, choice)
     cuts = cut_positions(traced, order, blocks)
-    fwd_cross, bwd_cross = crossing_bytes(table, choice, order)
+    crossing = crossing_bytes(table, choice, order)
     repeats = instance_repeats(blocks, list(stacks)) if stacks else {}
     deferred = deferred_gradients(table, choice)
     readers: dict[str, list[int]] = {}
@@ -141,6 +204,12 @@ def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
         if consumer in line.position and table.nodes[producer].kind in (
                 "parameter", "buffer", "constant", "input"):
             readers.setdefault(producer, []).append(line.position[consumer])
+    made = np.zeros(len(order))  # parameter gradient bytes each node's backward makes
+    for name, positions in readers.items():
+        node = table.nodes[name]
+        if node.kind == "parameter":
+            for p in positions:
+                made[p] += float(node.grad_bytes[choice[name]])
     bounds = [0, *cuts, len(order)]
     units: list[Unit] = []
     grads: dict = {}
@@ -155,16 +224,25 @@ def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
                 unit.saved_bytes += float(memory.saved[i])
                 unit.transient_bytes = max(unit.transient_bytes, float(memory.fwd[i]),
                                            float(memory.bwd[i]), float(memory.after[i]))
+                unit.accumulating_bytes = max(unit.accumulating_bytes,
+                                              float(memory.bwd[i]) + made[i])
             # Between repeats the cut carries what crosses into the next traced block.
             cut = first if rep < times_repeated - 1 else end
-            unit.out_bytes, unit.out_grad_bytes = float(fwd_cross[cut]), float(bwd_cross[cut])
+            unit.out_bytes = float(crossing.forward[cut])
+            unit.out_grad_bytes = float(crossing.backward[cut])
+            unit.out_unsaved_bytes = float(crossing.unsaved_before[cut])
+            unit.out_uncounted_bytes = float(crossing.uncounted_after[cut])
             units.append(unit)
     # Each placeholder belongs to every unit that reads it; a tied weight (read
     # as two placeholders) is its canonical one: every stage reading it holds a
     # copy with its gradient and optimizer state.
+    input_bytes = sum(float(node.input_bytes[choice[name]]) for name, node in table.nodes.items()
+                      if node.kind == "input")
     for name, positions in readers.items():
         canonical = table.nodes[name].tied_to or name
         node, c = table.nodes[canonical], choice[canonical]
+        if node.kind == "input":
+            continue  # held by every rank (``Chain.input_bytes``)
         grad = float(node.grad_bytes[c]) if node.kind == "parameter" else 0.0
         held = float(node.state_bytes[c]) + float(node.input_bytes[c])
         for unit in units:
@@ -182,4 +260,4 @@ def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
             if canonical in deferred:
                 axes, nbytes = deferred[canonical]
                 unit.sync[key] = (axes, nbytes)
-    return Chain(order, units, grads)
+    return Chain(order, units, grads, input_bytes)

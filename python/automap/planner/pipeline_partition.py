@@ -132,6 +132,7 @@ class _Ranges:
         self.compute = sums([u.forward_s for u in units]), sums([u.backward_s for u in units])
         self.saved = sums([u.saved_bytes for u in units])
         self.transient = maxima([u.transient_bytes for u in units])
+        self.accumulating = maxima([u.accumulating_bytes for u in units])
         self.largest = maxima([u.largest_param_bytes for u in units])
         # State read by one unit adds up; state read by several counts once per stage.
         users: dict = {}
@@ -203,7 +204,20 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
     times, peaks, recomputed = [], [], []
     per_stage = budget if isinstance(budget, (list, tuple)) else [budget] * n
     flights = _flights(schedule, microbatches, n, virtual)
+    # Per cut [a, b): what crosses after unit b - 1 (a chunk's end, column b;
+    # its start, row a), forward and its gradient back.
+    def per_cut(values) -> np.ndarray:
+        return np.concatenate([[0.0], values])
+
+    crossing = per_cut([u.out_bytes for u in units])
+    crossing_grad = per_cut([u.out_grad_bytes for u in units])
+    unsaved = per_cut([u.out_unsaved_bytes for u in units])
+    uncounted = per_cut([u.out_uncounted_bytes for u in units])
     shares = shares or [1.0 / virtual] * chunks
+    # A backward after the first microbatch's makes each parameter's gradient
+    # anew beside the one accumulated (``Unit.accumulating_bytes``).
+    transient = ranges.transient if microbatches == 1 else \
+        np.maximum(ranges.transient, ranges.accumulating)
     for k in range(chunks):
         budget = per_stage[k % n]
         if budget is not None:
@@ -219,15 +233,42 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
         # gradient sends at the end of the step, so a chunk after the first
         # holds all M of them at its last backward (one per microbatch; the
         # simulated step holds them so, ``simulate_pipeline``).
-        waiting = (microbatches * np.concatenate([[0.0], [u.out_grad_bytes for u in units]])
-                   [:, None] if virtual > 1 and k > 0 else 0.0)
-        peak = np.maximum(ranges.state + flight * ranges.saved + ranges.transient + waiting,
-                          optimizer_step)
+        waiting = microbatches * crossing_grad[:, None] if virtual > 1 and k > 0 else 0.0
+        # The point-to-point buffers the schedules hold (``simulate_pipeline``):
+        # each microbatch in flight keeps its received input until its backward
+        # (where no node of the chunk counts it saved); the outputs no node of
+        # the chunk saves wait for their sends (GPipe: every microbatch's until
+        # its last forward; interleaved: each until its backward on the chunk;
+        # 1F1B: the last forward's, until the next operation); in a backward
+        # the output's gradient is received and the last backward's input
+        # gradient waits for its send (interleaved: all of them, ``waiting``).
+        # Left out, GPipe's 4 stages of a 256-wide MLP simulated 27 % over the
+        # model.
+        last = k == chunks - 1
+        received = flight * uncounted[:, None] if k > 0 else 0.0
+        sends = 0.0 if last else unsaved[None, :] * (
+            microbatches if schedule == "gpipe" else flight if virtual > 1 else 1)
+        in_backward = (0.0 if last else crossing_grad[None, :]) \
+            + (crossing_grad[:, None] if k > 0 and virtual == 1 else 0.0)
+        if virtual > 1:
+            # Held from a forward to the microbatch's backward, as its saved
+            # tensors; a rank's chunks add up, each with its own transients
+            # where one runs at a time, so the backward's buffers are left out.
+            running = transient + waiting + sends
+        else:
+            # GPipe's sends are done before the first backward, 1F1B's at the
+            # next operation: the backward's buffers come after them.
+            running = np.maximum(sends, transient + in_backward)
+        # Every rank holds the whole batch the caller passes (counted once, on
+        # its first chunk).
+        held = microbatches * chain.input_bytes if k < n else 0.0
+        peak = np.maximum(held + ranges.state + flight * ranges.saved + received + running,
+                          held + optimizer_step)
         # Recomputed: each microbatch in flight keeps only the stage's input; one
         # microbatch's activations come back while its backward runs.
-        inputs = np.concatenate([[0.0], [u.out_bytes for u in units]])[:, None]
-        lean = np.maximum(ranges.state + flight * inputs + ranges.saved + ranges.transient
-                          + waiting, optimizer_step)
+        inputs = crossing[:, None]
+        lean = np.maximum(held + ranges.state + flight * inputs + ranges.saved + running,
+                          held + optimizer_step)
         fits = ~empty & (peak <= budget if budget is not None else True)
         lean_fits = ~empty & (lean <= budget if budget is not None else True) & ~fits \
             & recompute

@@ -523,10 +523,14 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     verify = verify and not stacks  # a depth-reduced plan is not generated: no simulation
     steps: dict[tuple, object] = {}  # one simulation per distinct program
+    # Without a budget, memory decides nothing: only the plan returned is
+    # simulated (GPT-2 small on (2,2,2) simulated the searched plan and the
+    # faster one with every parameter whole, 3 s each).
+    deferred = memory_budget_bytes is None
 
     def simulated(found):
         """``found`` with its peak and breakdown from the simulated step."""
-        if not verify or found.solver.get("simulated"):
+        if not verify or deferred or found.solver.get("simulated"):
             return found
         key = _program_key(found)
         if key not in steps:
@@ -694,6 +698,8 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
                 pass
     if found is None:
         raise min(failures, key=lambda e: e.smallest_feasible_budget_bytes or math.inf)
+    deferred = False
+    found = simulated(found)
     # What the search compared, for explain() and the tests.
     found.solver["compared_step_s"] = {
         "searched": None if searched is None else searched.predicted_step_s,
