@@ -52,8 +52,8 @@ class Unit:
     #: it makes: a microbatch after the first makes them anew beside the ones
     #: accumulated so far.
     accumulating_bytes: float = 0.0
-    #: Parameters, buffers and inputs it reads: key -> (bytes held the whole
-    #: step, gradient bytes); a key is (placeholder, repeat).
+    #: Parameters and buffers it reads: key -> (bytes held the whole step,
+    #: gradient bytes); a key is (placeholder, repeat). (Inputs: ``Chain.input_bytes``.)
     state: dict = field(default_factory=dict)
     #: Local bytes crossing the cut after this unit: forward, and the gradient back.
     out_bytes: float = 0.0
@@ -236,15 +236,13 @@ def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
     # Each placeholder belongs to every unit that reads it; a tied weight (read
     # as two placeholders) is its canonical one: every stage reading it holds a
     # copy with its gradient and optimizer state.
-    input_bytes = sum(float(node.input_bytes[choice[name]]) for name, node in table.nodes.items()
-                      if node.kind == "input")
     for name, positions in readers.items():
         canonical = table.nodes[name].tied_to or name
         node, c = table.nodes[canonical], choice[canonical]
         if node.kind == "input":
             continue  # held by every rank (``Chain.input_bytes``)
         grad = float(node.grad_bytes[c]) if node.kind == "parameter" else 0.0
-        held = float(node.state_bytes[c]) + float(node.input_bytes[c])
+        held = float(node.state_bytes[c])
         for unit in units:
             key = (canonical, unit.repeat)
             if key in unit.state or not any(unit.first <= p <= unit.last for p in positions):
@@ -260,4 +258,4 @@ def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
             if canonical in deferred:
                 axes, nbytes = deferred[canonical]
                 unit.sync[key] = (axes, nbytes)
-    return Chain(order, units, grads, input_bytes)
+    return Chain(order, units, grads, float(memory.input_bytes))

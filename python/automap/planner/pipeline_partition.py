@@ -195,6 +195,10 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
     trains = np.concatenate([[0], np.cumsum([u.trains for u in units])])
     empty |= trains[None, :] - trains[:, None] <= 0
     factor = optimizer_temp_factor(optimizer) if optimizer is not None else 0.0
+    def per_cut(values) -> np.ndarray:
+        """Per unit after which a cut falls -> per cut position (0: none before)."""
+        return np.concatenate([[0.0], values])
+
     # Chunk j sends to chunk j + 1 on submesh (j + 1) mod n (the last submesh
     # wraps to the first), and its input's gradient back to (j - 1) mod n.
     send_fwd = np.array([[stages.send_s(j % n, (j + 1) % n, u.out_bytes) for u in units]
@@ -204,11 +208,7 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
     times, peaks, recomputed = [], [], []
     per_stage = budget if isinstance(budget, (list, tuple)) else [budget] * n
     flights = _flights(schedule, microbatches, n, virtual)
-    # Per cut [a, b): what crosses after unit b - 1 (a chunk's end, column b;
-    # its start, row a), forward and its gradient back.
-    def per_cut(values) -> np.ndarray:
-        return np.concatenate([[0.0], values])
-
+    # What crosses after unit b - 1 (a chunk's end, column b; its start, row a).
     crossing = per_cut([u.out_bytes for u in units])
     crossing_grad = per_cut([u.out_grad_bytes for u in units])
     unsaved = per_cut([u.out_unsaved_bytes for u in units])
@@ -224,9 +224,9 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
             budget = budget * shares[k]
         t = ranges.compute[0] + ranges.compute[1]
         if k < chunks - 1:  # the activations at the chunk's end go to the next chunk
-            t = t + np.concatenate([[0.0], send_fwd[k]])[None, :]
+            t = t + per_cut(send_fwd[k])[None, :]
         if k > 0:  # the gradient at its start goes back
-            t = t + np.concatenate([[0.0], send_bwd[k - 1]])[:, None]
+            t = t + per_cut(send_bwd[k - 1])[:, None]
         flight = flights[k]
         optimizer_step = ranges.state + factor * ranges.largest
         # Interleaved: torch's runtime schedule waits for a chunk's input
