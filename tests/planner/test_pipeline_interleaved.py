@@ -17,7 +17,7 @@ from torch import nn
 import automap
 from automap import DeviceMesh, InvalidPlanError
 from automap.errors import InvalidPipelineError
-from automap.generate.pipeline_order import in_flight_counts, schedule_order
+from automap.generate.pipeline_order import held_at_once, in_flight_counts, schedule_order
 from automap.planner.pipeline_chain import Chain, Unit
 from automap.planner.pipeline_mesh import cut_mesh
 from automap.planner.pipeline_partition import best_partition, schedule_step_s
@@ -68,6 +68,27 @@ def test_interleaved_order_is_torchs(m, n, v):
             assert all(seen.index(("F", i)) < seen.index(("B", i)) for i in range(m))
 
 
+@pytest.mark.parametrize("m, n, v", [(8, 2, 3), (8, 4, 2), (4, 2, 2), (6, 2, 3)])
+def test_held_at_once_dominates_every_state_of_the_step(m, n, v):
+    """Each state of a rank's step (per chunk, microbatches in flight and
+    backwards done) is at most one of the holdings, and each holding is a
+    state the step reaches."""
+    holdings = held_at_once("interleaved", m, n, v)
+    for k in range(n):
+        mine = list(range(k, n * v, n))
+        flight, done, states = dict.fromkeys(mine, 0), dict.fromkeys(mine, 0), set()
+        for kind, _, chunk in schedule_order("interleaved", m, n, k, v):
+            flight[chunk] += 1 if kind == "F" else -1
+            done[chunk] += kind == "B"
+            state = (tuple(flight[c] for c in mine), tuple(done[c] for c in mine))
+            states.add(state)
+            assert any(all(a >= b for a, b in zip(f + d, state[0] + state[1]))
+                       for f, d in holdings[k])
+        assert set(holdings[k]) <= states
+    if (m, n, v) == (8, 2, 3):  # chunks 1, 3, 5 at most 4, 2 and 1, never 7 together
+        assert max(sum(f) for f, _ in holdings[1]) == 5
+
+
 def test_in_flight_counts():
     assert in_flight_counts("1f1b", 4, 2) == [2, 1]
     assert in_flight_counts("gpipe", 4, 2) == [4, 4]
@@ -75,8 +96,26 @@ def test_in_flight_counts():
     assert in_flight_counts("interleaved", 4, 2, 2) == [4, 3, 2, 1]
 
 
-@pytest.mark.parametrize("seed", range(6))
+def _rank_peaks(bounds, state, saved, m, n, v, grad=1.0):
+    """The exact rank-level peak of a split of ``_chain`` units: at every
+    holding torch's order reaches, every chunk's state, in-flight activations
+    and waiting input gradients, plus the running chunk's output gradient
+    received (no transients in these chains)."""
+    peaks = []
+    for r, holdings in enumerate(held_at_once("interleaved", m, n, v)):
+        mine = [(j, bounds[j]) for j in range(r, n * v, n)]
+        held = max(sum(state[a:b].sum() + flight[i] * saved[a:b].sum() + (j > 0) * done[i] * grad
+                       for i, (j, (a, b)) in enumerate(mine))
+                   for flight, done in holdings)
+        peaks.append(held + max(grad * (j < n * v - 1) for j, _ in mine))
+    return peaks
+
+
+@pytest.mark.parametrize("seed", range(8))
 def test_interleaved_partition_is_optimal_against_brute_force(seed):
+    """Against every split: the one found fits its ranks' exact peaks and
+    reports them; nothing beats it that fits each chunk's most in flight
+    (the model before holdings); nothing faster fits the exact peaks."""
     rng = np.random.default_rng(seed)
     k, n, v = 8, 2, 2
     m = int(rng.choice([2, 4]))
@@ -87,49 +126,56 @@ def test_interleaved_partition_is_optimal_against_brute_force(seed):
                            "interleaved", budget, recompute=False, virtual=v)
     flight = in_flight_counts("interleaved", m, n, v)
     chunks = n * v
-    # Each chunk within its share of its rank's budget: equal, or weighted by
-    # what an even cut's chunk holds (state, in-flight activations).
     weighted = [state.sum() / chunks + f * saved.sum() / chunks for f in flight]
     shares = [[1 / v] * chunks, [w / sum(weighted[j % n::n]) for j, w in enumerate(weighted)]]
-    best = np.inf
+    summed_best = exact_best = np.inf
     for cuts in itertools.combinations(range(1, k), chunks - 1):
         bounds = list(zip((0, *cuts), (*cuts, k)))
         t = []
         for j, (a, b) in enumerate(bounds):
             send = (ALPHA_S + 1.0 / BANDWIDTH) * ((j < chunks - 1) + (j > 0))
             t.append(times[a:b].sum() + send)
-        # Chunks after the first hold their M input gradients' sends until the end.
-        peaks = [state[a:b].sum() + flight[j] * saved[a:b].sum() + (j > 0) * m * 1.0
-                 for j, (a, b) in enumerate(bounds)]
+        step = sum(t) / v + (m * v - 1) * max(t)
+        # Each chunk at its most in flight, with its M input gradients and the
+        # output gradient it receives, within its share of its rank's budget.
+        peaks = [state[a:b].sum() + flight[j] * saved[a:b].sum() + (j > 0) * m
+                 + (j < chunks - 1) for j, (a, b) in enumerate(bounds)]
         if any(all(p <= budget * share[j] for j, p in enumerate(peaks)) for share in shares):
-            best = min(best, sum(t) / v + (m * v - 1) * max(t))
-    if not np.isfinite(best):
-        assert found is None
+            summed_best = min(summed_best, step)
+        if max(_rank_peaks(bounds, state, saved, m, n, v)) <= budget:
+            exact_best = min(exact_best, step)
+    if found is None:
+        assert not np.isfinite(summed_best)
         return
-    assert found is not None and found.virtual == v and len(found.bounds) == chunks
-    assert found.step_s == pytest.approx(best)
-    # Every rank's summed chunk peaks within the budget.
-    assert all(p <= budget * (1 + 1e-9) for p in found.peak_bytes)
+    assert found.virtual == v and len(found.bounds) == chunks
+    exact = _rank_peaks(found.bounds, state, saved, m, n, v)
+    assert found.peak_bytes == pytest.approx([exact[j % n] for j in range(chunks)])
+    assert max(exact) <= budget * (1 + 1e-9)
+    assert exact_best * (1 - 1e-9) <= found.step_s <= summed_best * (1 + 1e-9)
 
 
 def test_a_ranks_first_chunk_may_take_more_than_an_equal_share(monkeypatch):
-    """4 equal units on 2 ranks x 2 chunks, 4 microbatches: chunk 0 keeps 4 in
-    flight, chunk 2 (same rank) 2, so rank 0 holds 2 + 4 x 1 + 2 + 2 x 1 = 10.
-    Within 10 an equal share (5 per chunk) refuses chunk 0's 6; shares in
-    proportion to what each chunk holds (6 and 4 of 10) take it."""
+    """4 equal units on 2 ranks x 2 chunks, 4 microbatches: chunk 0 keeps at
+    most 4 in flight and chunk 2 (same rank) 2, but never 6 together: rank 0
+    holds 2 + 2 of state and 5 microbatches of 1 at most (3 + 2 or 4 + 1).
+    Within 9 an equal share (4.5 per chunk) refuses chunk 0's 4 + 2; the
+    holdings the schedule reaches take it; the sum of each chunk's most in
+    flight (10 on rank 0) would not."""
     from automap.planner import pipeline_partition
 
     stages = cut_mesh(DeviceMesh((2,)), 2)
     chain = _chain(np.ones(4), np.ones(4), np.full(4, 2.0), out_bytes=0.0)
     assert in_flight_counts("interleaved", 4, 2, 2) == [4, 3, 2, 1]
-    found = best_partition(chain, stages, 4, "interleaved", 10.0, recompute=False, virtual=2)
+    found = best_partition(chain, stages, 4, "interleaved", 9.0, recompute=False, virtual=2)
     assert found is not None and found.bounds == [(0, 1), (1, 2), (2, 3), (3, 4)]
-    assert found.peak_bytes == pytest.approx([10.0, 8.0, 10.0, 8.0])  # per rank, summed
-    # The equal share alone (as before) finds nothing.
-    monkeypatch.setattr(pipeline_partition, "chunk_shares",
-                        lambda ranges, flights, n: [[0.5] * len(flights)])
-    assert best_partition(chain, stages, 4, "interleaved", 10.0, recompute=False,
-                          virtual=2) is None
+    assert found.peak_bytes == pytest.approx([9.0, 7.0, 9.0, 7.0])  # per rank
+    real = pipeline_partition.holding_sets
+    # Each chunk at its most in flight, at either share, finds nothing.
+    for kept in (0, 1):
+        monkeypatch.setattr(pipeline_partition, "holding_sets",
+                            lambda *args, kept=kept: [real(*args)[kept]])
+        assert best_partition(chain, stages, 4, "interleaved", 9.0, recompute=False,
+                              virtual=2) is None
 
 
 def test_interleaving_shrinks_the_bubble():

@@ -74,3 +74,29 @@ def in_flight_counts(schedule: str, microbatches: int, stages: int, virtual: int
             live[chunk] += 1 if kind == "F" else -1
             counts[chunk] = max(counts[chunk], live[chunk])
     return counts
+
+
+def held_at_once(schedule: str, microbatches: int, stages: int, virtual: int = 1
+                 ) -> list[list[tuple[tuple[int, ...], tuple[int, ...]]]]:
+    """Per rank, what its chunks hold together over the step, as the
+    pareto-maximal pairs ``(in flight, backwards done)`` (one entry per chunk
+    of the rank, chunk ``k + stages * i`` at ``i``) after each operation: a
+    chunk's saved activations and received inputs are held per microbatch in
+    flight, its input gradients per backward done (torch's runtime schedule
+    waits for their sends at the end of the step). A rank's chunks reach
+    their ``in_flight_counts`` at different operations (interleaved, M = 8 on
+    2 ranks x 3 chunks: 4, 2 and 1 in flight on rank 1's chunks, never more
+    than 5 together); every state of the step is dominated by one pair."""
+    out = []
+    for k in range(stages):
+        mine = list(range(k, stages * virtual, stages))
+        flight, done = dict.fromkeys(mine, 0), dict.fromkeys(mine, 0)
+        seen = set()
+        for kind, _, chunk in schedule_order(schedule, microbatches, stages, k, virtual):
+            flight[chunk] += 1 if kind == "F" else -1
+            done[chunk] += kind == "B"
+            seen.add(tuple(flight[c] for c in mine) + tuple(done[c] for c in mine))
+        maximal = sorted(v for v in seen if not any(
+            w != v and all(a >= b for a, b in zip(w, v)) for w in seen))
+        out.append([(v[:virtual], v[virtual:]) for v in maximal])
+    return out

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from automap.generate.pipeline_order import in_flight_counts
+from automap.generate.pipeline_order import held_at_once, in_flight_counts
 from automap.planner.pipeline_chain import Chain
 from automap.planner.pipeline_mesh import StageMeshes
 from automap.sharding.collectives import DEFAULT_BUCKET_BYTES
@@ -134,6 +134,8 @@ class _Ranges:
         self.transient = maxima([u.transient_bytes for u in units])
         self.accumulating = maxima([u.accumulating_bytes for u in units])
         self.largest = maxima([u.largest_param_bytes for u in units])
+        #: The largest output gradient a chunk ending after some unit receives.
+        self.out_grad_max = float(max([u.out_grad_bytes for u in units[:-1]], default=0.0))
         # State read by one unit adds up; state read by several counts once per stage.
         users: dict = {}
         for i, unit in enumerate(units):
@@ -154,37 +156,76 @@ class _Ranges:
             self.state += nbytes * (sums(count) > 0)
 
 
-def chunk_shares(ranges: _Ranges, flights: list[int], n: int) -> list[list[float]]:
-    """The shares of its rank's budget each chunk (``len(flights)`` chunks,
-    chunk ``j`` on rank ``j mod n``, ``flights[j]`` microbatches in flight)
-    may be held within, the DP trying each set: equal (``1 / v``), and in
-    proportion to what an even cut's chunk would hold (its share of the
-    state, ``flights[j]`` times its share of the saved activations, the
-    largest transient), so that a rank's first chunks, which keep the most
-    microbatches, get more. Each set sums to 1 over a rank's chunks: a split
-    within the shares keeps every rank's summed peak within its budget."""
-    chunks = len(flights)
+@dataclass
+class Holding:
+    """What every chunk holds at once at some point of the step (``chunks``
+    entries, chunk ``j`` on rank ``j mod n``): ``flight[j]`` microbatches'
+    saved activations and received inputs, ``done[j]`` input gradients
+    waiting for their sends; each chunk within ``shares[j]`` of its rank's
+    budget (a rank's shares sum to 1, so a split within them keeps the rank's
+    sum within its budget)."""
+
+    flight: list[int]
+    done: list[int]
+    shares: list[float]
+
+
+def _weighted(ranges: _Ranges, flight: list[int], n: int) -> list[float]:
+    """Shares in proportion to what an even cut's chunk would hold (its share
+    of the state, ``flight[j]`` times its share of the saved activations, the
+    largest transient): a rank's first chunks, which keep the most
+    microbatches, get more."""
+    chunks, k = len(flight), ranges.K
     virtual = chunks // n
-    if virtual == 1:
-        return [[1.0] * chunks]
-    k = ranges.K
     state, saved = ranges.state[0, k] / chunks, ranges.saved[0, k] / chunks
-    demand = [state + f * saved + ranges.transient[0, k] for f in flights]
+    demand = [state + f * saved + ranges.transient[0, k] for f in flight]
     rank = [sum(demand[r::n]) for r in range(n)]
-    weighted = [d / rank[j % n] if rank[j % n] > 0 else 1 / virtual
-                for j, d in enumerate(demand)]
-    return [[1 / virtual] * chunks, weighted]
+    return [d / rank[j % n] if rank[j % n] > 0 else 1 / virtual for j, d in enumerate(demand)]
+
+
+def holding_sets(ranges: _Ranges, schedule: str, microbatches: int, n: int,
+                 virtual: int) -> list[list[Holding]]:
+    """The sets of holdings the DP tries, each chunk within all of a set's:
+    GPipe and 1F1B, each stage's in-flight count (one chunk per rank);
+    interleaved, each chunk's most in flight and all ``M`` gradients waiting
+    at equal and at weighted shares, and the holdings a rank's chunks reach
+    together (``pipeline_order.held_at_once``, weighted shares): the most in
+    flight are reached at different operations, and their sum over-counts
+    (GPT-2 on 2 ranks x 3 chunks, M = 8: 7 microbatches against 5 held)."""
+    chunks = n * virtual
+    flights = _flights(schedule, microbatches, n, virtual)
+    if virtual == 1:
+        return [[Holding(flights, [microbatches] * chunks, [1.0] * chunks)]]
+    waiting = [0] + [microbatches] * (chunks - 1)  # chunk 0 sends no gradient
+    most = [Holding(flights, waiting, [1 / virtual] * chunks),
+            Holding(flights, waiting, _weighted(ranges, flights, n))]
+    per_rank = held_at_once(schedule, microbatches, n, virtual)
+    together = []
+    for p in range(max(len(h) for h in per_rank)):
+        flight, done = [0] * chunks, [0] * chunks
+        for r, held in enumerate(per_rank):
+            inflight, backwards = held[min(p, len(held) - 1)]
+            for i in range(virtual):
+                flight[r + n * i], done[r + n * i] = inflight[i], backwards[i]
+        done[0] = 0
+        together.append(Holding(flight, done, _weighted(ranges, flight, n)))
+    return [[most[0]], [most[1]], together]
 
 
 def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbatches: int,
                     schedule: str, budget, optimizer, recompute: bool, virtual: int = 1,
-                    shares: list[float] | None = None):
+                    holdings: list[Holding] | None = None, reserve: float | None = None):
     """Per chunk index ``j`` (the stage, unless interleaved: chunk ``j`` on
     submesh ``j mod n``): the time matrix ``t[a, b]`` (inf where the range is
     empty or over the budget: one for all ranks or one per submesh, a chunk
-    getting ``shares[j]`` of its rank's, default ``1 / virtual``), the peak
-    memory matrix, and where the chunk recomputes its forward to fit
-    (``recompute``: allowed)."""
+    within its share of its rank's under each of ``holdings``, default
+    ``holding_sets``' first), the memory matrices ``(bases, moment, step base,
+    step temporary)`` (``rank_peaks``; ``bases`` one per holding the schedule
+    reaches), and where the chunk recomputes its forward to fit
+    (``recompute``: allowed). ``reserve`` (interleaved): bytes of each rank's
+    budget set aside for the one chunk running, whose moment must fit them,
+    its base within its share of the rest; None: base and moment within the
+    share."""
     n, k_units = stages.count, ranges.K
     chunks = n * virtual
     units = chain.units
@@ -205,35 +246,31 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
                          for j in range(chunks - 1)]).reshape(chunks - 1, k_units)
     send_bwd = np.array([[stages.send_s(j % n, (j - 1) % n, u.out_grad_bytes) for u in units]
                          for j in range(1, chunks)]).reshape(chunks - 1, k_units)
-    times, peaks, recomputed = [], [], []
+    times, parts, recomputed = [], [], []
     per_stage = budget if isinstance(budget, (list, tuple)) else [budget] * n
-    flights = _flights(schedule, microbatches, n, virtual)
+    sets = holding_sets(ranges, schedule, microbatches, n, virtual)
+    holdings = holdings or sets[0]
+    reported = sets[-1]  # the tightest the schedule allows, for the peaks
     # What crosses after unit b - 1 (a chunk's end, column b; its start, row a).
     crossing = per_cut([u.out_bytes for u in units])
     crossing_grad = per_cut([u.out_grad_bytes for u in units])
     unsaved = per_cut([u.out_unsaved_bytes for u in units])
     uncounted = per_cut([u.out_uncounted_bytes for u in units])
-    shares = shares or [1.0 / virtual] * chunks
     # A backward after the first microbatch's makes each parameter's gradient
     # anew beside the one accumulated (``Unit.accumulating_bytes``).
     transient = ranges.transient if microbatches == 1 else \
         np.maximum(ranges.transient, ranges.accumulating)
+    # The optimizer steps one parameter at a time: its temporaries are the
+    # largest parameter's, once per rank however many chunks it runs.
+    step_temporary = factor * ranges.largest
+    step_reserve = factor * float(ranges.largest[0, k_units])
     for k in range(chunks):
         budget = per_stage[k % n]
-        if budget is not None:
-            budget = budget * shares[k]
         t = ranges.compute[0] + ranges.compute[1]
         if k < chunks - 1:  # the activations at the chunk's end go to the next chunk
             t = t + per_cut(send_fwd[k])[None, :]
         if k > 0:  # the gradient at its start goes back
             t = t + per_cut(send_bwd[k - 1])[:, None]
-        flight = flights[k]
-        optimizer_step = ranges.state + factor * ranges.largest
-        # Interleaved: torch's runtime schedule waits for a chunk's input
-        # gradient sends at the end of the step, so a chunk after the first
-        # holds all M of them at its last backward (one per microbatch; the
-        # simulated step holds them so, ``simulate_pipeline``).
-        waiting = microbatches * crossing_grad[:, None] if virtual > 1 and k > 0 else 0.0
         # The point-to-point buffers the schedules hold (``simulate_pipeline``):
         # each microbatch in flight keeps its received input until its backward
         # (where no node of the chunk counts it saved); the outputs no node of
@@ -241,41 +278,71 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
         # its last forward; interleaved: each until its backward on the chunk;
         # 1F1B: the last forward's, until the next operation); in a backward
         # the output's gradient is received and the last backward's input
-        # gradient waits for its send (interleaved: all of them, ``waiting``).
+        # gradient waits for its send (interleaved: every backward's until the
+        # end of the step, where torch's runtime schedule waits for them).
         # Left out, GPipe's 4 stages of a 256-wide MLP simulated 27 % over the
         # model.
         last = k == chunks - 1
-        received = flight * uncounted[:, None] if k > 0 else 0.0
-        sends = 0.0 if last else unsaved[None, :] * (
-            microbatches if schedule == "gpipe" else flight if virtual > 1 else 1)
-        in_backward = (0.0 if last else crossing_grad[None, :]) \
-            + (crossing_grad[:, None] if k > 0 and virtual == 1 else 0.0)
-        if virtual > 1:
-            # Held from a forward to the microbatch's backward, as its saved
-            # tensors; a rank's chunks add up, each with its own transients
-            # where one runs at a time, so the backward's buffers are left out.
-            running = transient + waiting + sends
-        else:
-            # GPipe's sends are done before the first backward, 1F1B's at the
-            # next operation: the backward's buffers come after them.
-            running = np.maximum(sends, transient + in_backward)
+        received = uncounted[:, None] if k > 0 else 0.0
+        unsent = 0.0 if last else unsaved[None, :]
+        out_grad = 0.0 if last else crossing_grad[None, :]
+        in_grad = crossing_grad[:, None] if k > 0 else 0.0
         # Every rank holds the whole batch the caller passes (counted once, on
         # its first chunk).
         held = microbatches * chain.input_bytes if k < n else 0.0
-        peak = np.maximum(held + ranges.state + flight * ranges.saved + received + running,
-                          held + optimizer_step)
+        fixed = held + ranges.state
         # Recomputed: each microbatch in flight keeps only the stage's input; one
         # microbatch's activations come back while its backward runs.
         inputs = crossing[:, None]
-        lean = np.maximum(held + ranges.state + flight * inputs + ranges.saved + running,
-                          held + optimizer_step)
-        fits = ~empty & (peak <= budget if budget is not None else True)
-        lean_fits = ~empty & (lean <= budget if budget is not None else True) & ~fits \
-            & recompute
+        if virtual > 1:
+            # A rank runs one chunk at a time: what a chunk holds between its
+            # operations (base: per microbatch in flight its saved tensors,
+            # received input and unsent output; per backward done its input
+            # gradient) adds up over the rank's chunks at each holding; what it
+            # holds only while it runs (moment: its transients, the output
+            # gradient received) counts once per rank (``rank_peaks``). Summed
+            # per chunk at each one's most in flight, the 256-wide MLP's and
+            # GPT-2's interleaved ranks modelled 13-28 % over their simulation.
+            per_mb, lean_per_mb, per_done = ranges.saved + received + unsent, \
+                inputs + unsent, in_grad
+            moment = transient + out_grad
+        else:
+            # GPipe's sends are done before the first backward, 1F1B's at the
+            # next operation: the backward's buffers come after them.
+            sends = unsent * (microbatches if schedule == "gpipe" else 1)
+            per_mb, lean_per_mb, per_done = ranges.saved + received, inputs, 0.0
+            moment = np.maximum(sends, transient + out_grad + in_grad)
+        lean_moment = ranges.saved + moment
+        step_base = fixed
+        if budget is None:
+            fits = ~empty
+            lean_fits = np.zeros_like(empty)
+        else:
+            fits, lean_fits = ~empty, ~empty & recompute
+            for h in holdings:
+                share = budget * h.shares[k]
+                base = fixed + h.flight[k] * per_mb + h.done[k] * per_done
+                lean_base = fixed + h.flight[k] * lean_per_mb + h.done[k] * per_done
+                if reserve is None:  # the moments within the chunk's share too
+                    fits = fits & (base + moment <= share)
+                    lean_fits = lean_fits & (lean_base + lean_moment <= share)
+                    steps = step_base + step_temporary <= share
+                else:  # the moments within the rank's reserves, the rest within the share
+                    room = share - reserve * h.shares[k]
+                    fits = fits & (base <= room)
+                    lean_fits = lean_fits & (lean_base <= room)
+                    steps = step_base <= share - step_reserve * h.shares[k]
+                fits, lean_fits = fits & steps, lean_fits & steps
+            if reserve is not None:
+                fits, lean_fits = fits & (moment <= reserve), lean_fits & (lean_moment <= reserve)
+            lean_fits &= ~fits
         times.append(np.where(fits, t, np.where(lean_fits, t + ranges.compute[0], np.inf)))
-        peaks.append(np.where(fits, peak, lean))
+        bases = [fixed + h.done[k] * per_done
+                 + h.flight[k] * np.where(lean_fits, lean_per_mb, per_mb) for h in reported]
+        parts.append((bases, np.where(lean_fits, lean_moment, moment), step_base,
+                      step_temporary))
         recomputed.append(lean_fits)
-    return times, peaks, recomputed
+    return times, parts, recomputed
 
 
 def _least_sum(times: list[np.ndarray], cap: float):
@@ -310,18 +377,20 @@ def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedul
     ``recompute``: a stage that does not fit may recompute its forward.
     ``virtual``: chunks per rank (interleaved; ``n * virtual`` chunks, chunk
     ``j`` on submesh ``j mod n``, each within its share of its rank's budget,
-    ``chunk_shares``: the fastest split over the sets of shares).
+    ``_memory_splits``: the fastest split over the sets of shares and
+    reserves).
     ``shared_slowdown``: the device profile's, for the reported step
     (``schedule_step_s``; the split is chosen as for a device per rank)."""
     ranges = _Ranges(chain)
     n = stages.count
     if ranges.K < n * virtual:
         return None
-    flights = _flights(schedule, microbatches, n, virtual)
     best = None
-    for shares in (chunk_shares(ranges, flights, n) if budget is not None else [None]):
+    splits = _memory_splits(ranges, schedule, microbatches, n, virtual) \
+        if budget is not None else [(None, None)]
+    for holdings, reserve in splits:
         found = _best_within(chain, ranges, stages, microbatches, schedule, budget, optimizer,
-                             recompute, virtual, shared_slowdown, shares)
+                             recompute, virtual, shared_slowdown, holdings, reserve)
         if found is not None and (best is None or found.step_s < best.step_s):
             best = found
     return best
@@ -342,13 +411,14 @@ def least_budget(chain: Chain, stages: StageMeshes, microbatches: int, schedule:
     n = stages.count
     if ranges.K < n * virtual:
         return None
-    flights = _flights(schedule, microbatches, n, virtual)
+    splits = _memory_splits(ranges, schedule, microbatches, n, virtual)
 
     def fits(budget: float) -> bool:
         return any(_least_sum(_stage_matrices(chain, ranges, stages, microbatches, schedule,
-                                              budget, optimizer, True, virtual, shares)[0],
+                                              budget, optimizer, True, virtual, holdings,
+                                              reserve)[0],
                               np.inf)[1] is not None
-                   for shares in chunk_shares(ranges, flights, n))
+                   for holdings, reserve in splits)
 
     free = best_partition(chain, stages, microbatches, schedule, None, optimizer,
                           virtual=virtual)
@@ -373,10 +443,13 @@ def least_budget(chain: Chain, stages: StageMeshes, microbatches: int, schedule:
 
 def _best_within(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbatches: int,
                  schedule: str, budget, optimizer, recompute: bool, virtual: int,
-                 shared_slowdown: float, shares: list[float] | None) -> Partition | None:
-    """``best_partition`` with each chunk within ``shares`` of its rank's budget."""
-    times, peaks, recomputed = _stage_matrices(chain, ranges, stages, microbatches, schedule,
-                                               budget, optimizer, recompute, virtual, shares)
+                 shared_slowdown: float, holdings: list[Holding] | None,
+                 reserve: float | None) -> Partition | None:
+    """``best_partition`` with each chunk within its shares of its rank's
+    budget under ``holdings`` (and ``reserve``, ``_stage_matrices``)."""
+    times, parts, recomputed = _stage_matrices(chain, ranges, stages, microbatches, schedule,
+                                               budget, optimizer, recompute, virtual, holdings,
+                                               reserve)
     caps = np.unique(np.concatenate([t[np.isfinite(t)] for t in times]))
     if caps.size == 0:
         return None
@@ -384,7 +457,7 @@ def _best_within(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbatche
     if free is None:
         return None
     if microbatches * virtual == 1:  # no max term: the least sum is the optimum
-        return _describe(chain, ranges, stages, free, peaks, recomputed, microbatches,
+        return _describe(chain, ranges, stages, free, parts, recomputed, microbatches,
                          schedule, virtual, shared_slowdown)
     # The least feasible cap, by bisection over the sorted stage times.
     lo, hi = 0, caps.size - 1
@@ -413,27 +486,58 @@ def _best_within(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbatche
             best_s, best_bounds = latency, bounds
     if best_bounds is None:
         return None
-    return _describe(chain, ranges, stages, best_bounds, peaks, recomputed, microbatches,
+    return _describe(chain, ranges, stages, best_bounds, parts, recomputed, microbatches,
                      schedule, virtual, shared_slowdown)
 
 
-def _describe(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds, peaks, recomputed,
+def rank_peaks(parts: list[tuple[list[float], float, float, float]], n: int) -> list[float]:
+    """Per rank, its peak from its chunks' ``(bases, moment, step base, step
+    temporary)`` bytes (chunk ``j`` on rank ``j mod n``; ``bases`` one per
+    holding the schedule reaches): at each holding every chunk's base while
+    one chunk runs, its moment the largest; or, in the optimizer step, every
+    chunk's state and the largest temporary."""
+    peaks = []
+    for r in range(n):
+        mine = parts[r::n]
+        held = max(sum(p[0][h] for p in mine) for h in range(len(mine[0][0])))
+        peaks.append(max(held + max(p[1] for p in mine),
+                         sum(p[2] for p in mine) + max(p[3] for p in mine)))
+    return peaks
+
+
+def _memory_splits(ranges: _Ranges, schedule: str, microbatches: int, n: int, virtual: int):
+    """The ``(holdings, reserve)`` pairs the DP tries (``_stage_matrices``): per
+    set of ``holding_sets``, no reserve and, interleaved, reserves of the
+    chain's largest transient alone and with the largest output gradient a
+    running chunk receives (the moments a rank's largest can take)."""
+    sets = holding_sets(ranges, schedule, microbatches, n, virtual)
+    if virtual == 1:
+        return [(holdings, None) for holdings in sets]
+    k = ranges.K
+    largest = float(max(ranges.transient[0, k], ranges.accumulating[0, k]))
+    reserves = sorted({largest, largest + ranges.out_grad_max})
+    return [(holdings, reserve) for holdings in sets for reserve in [None, *reserves]]
+
+
+def _describe(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds, parts, recomputed,
               microbatches: int, schedule: str, virtual: int,
               shared_slowdown: float) -> Partition:
     recompute = [bool(recomputed[k][a, b]) for k, (a, b) in enumerate(bounds)]
+    chosen = [([float(m[a, b]) for m in bases], float(moment[a, b]), float(step[a, b]),
+               float(temporary[a, b]))
+              for (bases, moment, step, temporary), (a, b) in zip(parts, bounds)]
     return price_bounds(chain, stages, bounds, recompute, microbatches, schedule, ranges,
-                        [float(peaks[k][a, b]) for k, (a, b) in enumerate(bounds)],
-                        shared_slowdown, virtual)
+                        rank_peaks(chosen, stages.count), shared_slowdown, virtual)
 
 
 def price_bounds(chain: Chain, stages: StageMeshes, bounds, recompute: list[bool],
                  microbatches: int, schedule: str, ranges: _Ranges | None = None,
-                 peak_bytes: list[float] | None = None,
+                 rank_peak_bytes: list[float] | None = None,
                  shared_slowdown: float = 1.0, virtual: int = 1) -> Partition:
     """The ``Partition`` of the chunks ``bounds`` (per chunk, units ``[a, b)``;
     chunk ``j`` on submesh ``j mod n``), ``recompute`` saying which recompute
-    their forward; ``peak_bytes`` per chunk as given (zeros when None), each
-    rank's the sum over its chunks."""
+    their forward; ``rank_peak_bytes`` per rank as given (``rank_peaks``;
+    zeros when None), each chunk's its rank's."""
     ranges = ranges or _Ranges(chain)
     units = chain.units
     n = stages.count
@@ -447,8 +551,8 @@ def price_bounds(chain: Chain, stages: StageMeshes, bounds, recompute: list[bool
         forward.append(float(ranges.compute[0][a, b]) + (send[k] if k < chunks - 1 else 0.0))
         backward.append(float(ranges.compute[1][a, b]) + back + again)
     t = [f + b for f, b in zip(forward, backward)]
-    # Per rank: its chunks' gradient syncs and peaks add up (each chunk is its
-    # own module). A rank syncs when its schedule ends, after its last backward
+    # Per rank: its chunks' gradient syncs add up (each chunk is its own
+    # module). A rank syncs when its schedule ends, after its last backward
     # (its lowest chunk's, chunk r's): chunks r - 1 .. 0 still run theirs (the
     # drain; where ranks share compute, one at a time, so up to the slowdown
     # faster), and only what outlasts that adds to the step. The optimizer
@@ -459,8 +563,7 @@ def price_bounds(chain: Chain, stages: StageMeshes, bounds, recompute: list[bool
                for r in range(n)) \
         + max(sum(u.optimizer_s for a, b in bounds[r::n] for u in units[a:b])
               for r in range(n))
-    peaks = peak_bytes or [0.0] * chunks
-    rank_peak = [sum(p for j, p in enumerate(peaks) if j % n == r) for r in range(n)]
+    rank_peak = rank_peak_bytes or [0.0] * n
     tied = _tied_s(chain, ranges, stages, bounds)
     step = schedule_step_s(sum(t), max(t), microbatches, virtual, shared_slowdown, n) \
         + tail + tied
