@@ -10,6 +10,8 @@ is the one the runtime executes rather than a re-derivation of it."""
 
 from __future__ import annotations
 
+import functools
+
 from torch.distributed.pipelining import schedules as _torch_schedules
 
 
@@ -76,6 +78,7 @@ def in_flight_counts(schedule: str, microbatches: int, stages: int, virtual: int
     return counts
 
 
+@functools.lru_cache(maxsize=256)
 def held_at_once(schedule: str, microbatches: int, stages: int, virtual: int = 1
                  ) -> list[list[tuple[tuple[int, ...], tuple[int, ...]]]]:
     """Per rank, what its chunks hold together over the step, as the
@@ -96,7 +99,11 @@ def held_at_once(schedule: str, microbatches: int, stages: int, virtual: int = 1
             flight[chunk] += 1 if kind == "F" else -1
             done[chunk] += kind == "B"
             seen.add(tuple(flight[c] for c in mine) + tuple(done[c] for c in mine))
-        maximal = sorted(v for v in seen if not any(
-            w != v and all(a >= b for a, b in zip(w, v)) for w in seen))
-        out.append([(v[:virtual], v[virtual:]) for v in maximal])
+        # A state is dominated only by one of larger sum: keep those that no
+        # kept one (taken by descending sum) dominates.
+        maximal: list[tuple[int, ...]] = []
+        for v in sorted(seen, key=sum, reverse=True):
+            if not any(all(a >= b for a, b in zip(w, v)) for w in maximal):
+                maximal.append(v)
+        out.append([(v[:virtual], v[virtual:]) for v in sorted(maximal)])
     return out

@@ -134,6 +134,9 @@ class _Ranges:
         self.transient = maxima([u.transient_bytes for u in units])
         self.accumulating = maxima([u.accumulating_bytes for u in units])
         self.largest = maxima([u.largest_param_bytes for u in units])
+        #: (id of the stage meshes, chunks) -> the send times after each unit,
+        #: forward and back (``_stage_matrices``).
+        self.sends: dict = {}
         #: The largest output gradient a chunk ending after some unit receives.
         self.out_grad_max = float(max([u.out_grad_bytes for u in units[:-1]], default=0.0))
         # State read by one unit adds up; state read by several counts once per stage.
@@ -154,6 +157,33 @@ class _Ranges:
             count = np.zeros(k)
             count[where] = 1
             self.state += nbytes * (sums(count) > 0)
+
+
+@dataclass
+class ChunkMemory:
+    """A chunk's memory matrices (``[a, b]``: its units), as ``_stage_matrices``
+    builds them for the split it tries: per microbatch in flight and per
+    backward done (recomputed where the chunk recomputes), the fixed bytes,
+    the moment while it runs, the optimizer step's state and temporary."""
+
+    index: int
+    fixed: np.ndarray
+    per_flight: np.ndarray
+    per_done: np.ndarray | float
+    moment: np.ndarray
+    step_base: np.ndarray
+    step_temporary: np.ndarray
+    holdings: list  # the schedule's (``holding_sets``' last), for the reported peak
+
+    def at(self, a: int, b: int) -> tuple[list[float], float, float, float]:
+        """``(bases, moment, step base, step temporary)`` of units ``[a, b)``,
+        one base per holding (``rank_peaks``)."""
+        k = self.index
+        fixed, flight, done = (float(np.broadcast_to(m, self.moment.shape)[a, b])
+                               for m in (self.fixed, self.per_flight, self.per_done))
+        bases = [fixed + h.flight[k] * flight + h.done[k] * done for h in self.holdings]
+        return (bases, float(self.moment[a, b]), float(self.step_base[a, b]),
+                float(self.step_temporary[a, b]))
 
 
 @dataclass
@@ -242,10 +272,14 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
 
     # Chunk j sends to chunk j + 1 on submesh (j + 1) mod n (the last submesh
     # wraps to the first), and its input's gradient back to (j - 1) mod n.
-    send_fwd = np.array([[stages.send_s(j % n, (j + 1) % n, u.out_bytes) for u in units]
-                         for j in range(chunks - 1)]).reshape(chunks - 1, k_units)
-    send_bwd = np.array([[stages.send_s(j % n, (j - 1) % n, u.out_grad_bytes) for u in units]
-                         for j in range(1, chunks)]).reshape(chunks - 1, k_units)
+    key = (id(stages), chunks)  # the same for every budget the search tries
+    if key not in ranges.sends:
+        ranges.sends[key] = (
+            np.array([[stages.send_s(j % n, (j + 1) % n, u.out_bytes) for u in units]
+                      for j in range(chunks - 1)]).reshape(chunks - 1, k_units),
+            np.array([[stages.send_s(j % n, (j - 1) % n, u.out_grad_bytes) for u in units]
+                      for j in range(1, chunks)]).reshape(chunks - 1, k_units))
+    send_fwd, send_bwd = ranges.sends[key]
     times, parts, recomputed = [], [], []
     per_stage = budget if isinstance(budget, (list, tuple)) else [budget] * n
     sets = holding_sets(ranges, schedule, microbatches, n, virtual)
@@ -319,28 +353,29 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
             lean_fits = np.zeros_like(empty)
         else:
             fits, lean_fits = ~empty, ~empty & recompute
-            for h in holdings:
-                share = budget * h.shares[k]
-                base = fixed + h.flight[k] * per_mb + h.done[k] * per_done
-                lean_base = fixed + h.flight[k] * lean_per_mb + h.done[k] * per_done
+            # Holdings alike on this chunk constrain it alike.
+            for flight, done, part in {(h.flight[k], h.done[k], h.shares[k]) for h in holdings}:
+                share = budget * part
+                base = fixed + flight * per_mb + done * per_done
+                lean_base = fixed + flight * lean_per_mb + done * per_done
                 if reserve is None:  # the moments within the chunk's share too
                     fits = fits & (base + moment <= share)
                     lean_fits = lean_fits & (lean_base + lean_moment <= share)
                     steps = step_base + step_temporary <= share
                 else:  # the moments within the rank's reserves, the rest within the share
-                    room = share - reserve * h.shares[k]
+                    room = share - reserve * part
                     fits = fits & (base <= room)
                     lean_fits = lean_fits & (lean_base <= room)
-                    steps = step_base <= share - step_reserve * h.shares[k]
+                    steps = step_base <= share - step_reserve * part
                 fits, lean_fits = fits & steps, lean_fits & steps
             if reserve is not None:
                 fits, lean_fits = fits & (moment <= reserve), lean_fits & (lean_moment <= reserve)
             lean_fits &= ~fits
         times.append(np.where(fits, t, np.where(lean_fits, t + ranges.compute[0], np.inf)))
-        bases = [fixed + h.done[k] * per_done
-                 + h.flight[k] * np.where(lean_fits, lean_per_mb, per_mb) for h in reported]
-        parts.append((bases, np.where(lean_fits, lean_moment, moment), step_base,
-                      step_temporary))
+        parts.append(ChunkMemory(k, fixed, np.where(lean_fits, lean_per_mb, per_mb), per_done,
+                                 np.broadcast_to(np.where(lean_fits, lean_moment, moment),
+                                                 empty.shape), step_base,
+                                 step_temporary, reported))
         recomputed.append(lean_fits)
     return times, parts, recomputed
 
@@ -507,25 +542,23 @@ def rank_peaks(parts: list[tuple[list[float], float, float, float]], n: int) -> 
 
 def _memory_splits(ranges: _Ranges, schedule: str, microbatches: int, n: int, virtual: int):
     """The ``(holdings, reserve)`` pairs the DP tries (``_stage_matrices``): per
-    set of ``holding_sets``, no reserve and, interleaved, reserves of the
-    chain's largest transient alone and with the largest output gradient a
-    running chunk receives (the moments a rank's largest can take)."""
+    set of ``holding_sets``, no reserve and, interleaved, a reserve of the
+    chain's largest transient with the largest output gradient a running
+    chunk receives (what every split's largest moment fits)."""
     sets = holding_sets(ranges, schedule, microbatches, n, virtual)
     if virtual == 1:
         return [(holdings, None) for holdings in sets]
     k = ranges.K
-    largest = float(max(ranges.transient[0, k], ranges.accumulating[0, k]))
-    reserves = sorted({largest, largest + ranges.out_grad_max})
-    return [(holdings, reserve) for holdings in sets for reserve in [None, *reserves]]
+    reserve = float(max(ranges.transient[0, k], ranges.accumulating[0, k])) \
+        + ranges.out_grad_max
+    return [(holdings, r) for holdings in sets for r in (None, reserve)]
 
 
 def _describe(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds, parts, recomputed,
               microbatches: int, schedule: str, virtual: int,
               shared_slowdown: float) -> Partition:
     recompute = [bool(recomputed[k][a, b]) for k, (a, b) in enumerate(bounds)]
-    chosen = [([float(m[a, b]) for m in bases], float(moment[a, b]), float(step[a, b]),
-               float(temporary[a, b]))
-              for (bases, moment, step, temporary), (a, b) in zip(parts, bounds)]
+    chosen = [part.at(a, b) for part, (a, b) in zip(parts, bounds)]
     return price_bounds(chain, stages, bounds, recompute, microbatches, schedule, ranges,
                         rank_peaks(chosen, stages.count), shared_slowdown, virtual)
 
