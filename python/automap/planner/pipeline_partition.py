@@ -249,13 +249,12 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
     submesh ``j mod n``): the time matrix ``t[a, b]`` (inf where the range is
     empty or over the budget: one for all ranks or one per submesh, a chunk
     within its share of its rank's under each of ``holdings``, default
-    ``holding_sets``' first), the memory matrices ``(bases, moment, step base,
-    step temporary)`` (``rank_peaks``; ``bases`` one per holding the schedule
-    reaches), and where the chunk recomputes its forward to fit
-    (``recompute``: allowed). ``reserve`` (interleaved): bytes of each rank's
-    budget set aside for the one chunk running, whose moment must fit them,
-    its base within its share of the rest; None: base and moment within the
-    share."""
+    ``holding_sets``' first), its memory (``ChunkMemory``), and where the
+    chunk recomputes its forward to fit (``recompute``: allowed).
+    ``reserve`` (interleaved): bytes of each rank's budget set aside for
+    the one chunk running, each chunk's base and the part of its moment
+    above the reserve within its share of the rest (the optimizer's largest
+    temporary likewise); None: base and moment within the share."""
     n, k_units = stages.count, ranges.K
     chunks = n * virtual
     units = chain.units
@@ -353,23 +352,23 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
             lean_fits = np.zeros_like(empty)
         else:
             fits, lean_fits = ~empty, ~empty & recompute
+            # The moments above the rank's reserve are held in the chunk's
+            # share: whichever chunk runs, the rank holds every base and at
+            # most the reserve beyond them.
+            spare = reserve or 0.0
+            step_spare = step_reserve if reserve else 0.0
+            over = np.maximum(moment - spare, 0.0)
+            lean_over = np.maximum(lean_moment - spare, 0.0)
+            step_over = np.maximum(step_temporary - step_spare, 0.0)
             # Holdings alike on this chunk constrain it alike.
             for flight, done, part in {(h.flight[k], h.done[k], h.shares[k]) for h in holdings}:
                 share = budget * part
                 base = fixed + flight * per_mb + done * per_done
                 lean_base = fixed + flight * lean_per_mb + done * per_done
-                if reserve is None:  # the moments within the chunk's share too
-                    fits = fits & (base + moment <= share)
-                    lean_fits = lean_fits & (lean_base + lean_moment <= share)
-                    steps = step_base + step_temporary <= share
-                else:  # the moments within the rank's reserves, the rest within the share
-                    room = share - reserve * part
-                    fits = fits & (base <= room)
-                    lean_fits = lean_fits & (lean_base <= room)
-                    steps = step_base <= share - step_reserve * part
-                fits, lean_fits = fits & steps, lean_fits & steps
-            if reserve is not None:
-                fits, lean_fits = fits & (moment <= reserve), lean_fits & (lean_moment <= reserve)
+                room = share - spare * part
+                steps = step_base + step_over <= share - step_spare * part
+                fits = fits & (base + over <= room) & steps
+                lean_fits = lean_fits & (lean_base + lean_over <= room) & steps
             lean_fits &= ~fits
         times.append(np.where(fits, t, np.where(lean_fits, t + ranges.compute[0], np.inf)))
         parts.append(ChunkMemory(k, fixed, np.where(lean_fits, lean_per_mb, per_mb), per_done,
