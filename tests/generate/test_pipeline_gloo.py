@@ -160,3 +160,40 @@ def test_pipelined_module_misuse_raises_typed_errors():
         assert seen[:2] == ["scaled backward", "batch size"], seen
         evaluated, trained = seen[2].split()[1::2]
         assert evaluated == trained, seen
+
+
+def _mixed_plan(schedule: str, order: tuple[str, str]) -> dict:
+    """The MLP in 2 stages of 2 ranks, each stage running its own intra-op plan
+    (``pipeline_merge``): ``order`` names them, "dp" (data parallelism forced)
+    or "solver" (the solver's, which splits the compute)."""
+    import pipeline_plans as pp
+    from automap.planner.pipeline_merge import merged_plan, stage_of_nodes
+
+    model, _, _, example = pp.build_case("mlp", 2)
+    traced = trace(model, example, loss_fn=default_loss)
+    plans = [_intra_op("mlp", 2, 2, kind) for kind in order]
+    computed = pp.computed_nodes(traced)
+    firsts = [computed[0], pp.first_node_in(traced, "fc3")]
+    merged = merged_plan(plans, stage_of_nodes(plans[0], computed, firsts))
+    return pp.pipelined(merged, traced, firsts[1:], world=4, microbatches=2,
+                        schedule=schedule).to_dict()
+
+
+@pytest.mark.timeout(300)
+def test_stages_running_different_plans_train_like_serial():
+    """A data-parallel stage before a tensor-parallel one (GPipe) and the
+    reverse (1F1B): the value crossing the cut is sent in its producer's spec
+    and converted in the consumer's stage; losses, gradients and parameters
+    as the serial model's."""
+    cases = [{"model": "mlp", "schedule": s, "bucket": 64, "plan": _mixed_plan(s, order)}
+             for s, order in [("gpipe", ("dp", "solver")), ("1f1b", ("solver", "dp"))]]
+    results = run_on_gloo(train_pipelined, 4, cases, timeout_s=240)
+    for i, case in enumerate(cases):
+        rows = [r[i] for r in results]
+        worst = {k: max(r[k] for r in rows) for k in ("rel_loss", "rel_grad", "rel_param")}
+        assert worst["rel_loss"] <= TOL["loss"], (case["schedule"], worst)
+        assert worst["rel_grad"] <= TOL["grad"], (case["schedule"], worst)
+        assert worst["rel_param"] <= TOL["param"], (case["schedule"], worst)
+        # The data-parallel stage's ranks sum gradient buckets, the other's do not.
+        dp_stage = 0 if case["schedule"] == "gpipe" else 1
+        assert all((r["buckets"] > 0) == (r["stage"] == dp_stage) for r in rows), rows

@@ -162,28 +162,34 @@ class _Ranges:
 @dataclass
 class ChunkMemory:
     """A chunk's memory matrices (``[a, b]``: its units), as ``_stage_matrices``
-    builds them for the split it tries: per microbatch in flight and per
-    backward done (recomputed where the chunk recomputes), the fixed bytes,
-    the moment while it runs, the optimizer step's state and temporary."""
+    builds them: per microbatch in flight (keeping its activations, or
+    recomputing them) and per backward done, the fixed bytes, the moment
+    while it runs (likewise), the optimizer step's state and temporary, and
+    where the split tried recomputes."""
 
     index: int
     fixed: np.ndarray
-    per_flight: np.ndarray
+    per_flight: tuple[np.ndarray, np.ndarray]  # (kept, recomputed)
     per_done: np.ndarray | float
-    moment: np.ndarray
+    moment: tuple[np.ndarray, np.ndarray]
     step_base: np.ndarray
     step_temporary: np.ndarray
+    recomputes: np.ndarray
     holdings: list  # the schedule's (``holding_sets``' last), for the reported peak
 
-    def at(self, a: int, b: int) -> tuple[list[float], float, float, float]:
+    def at(self, a: int, b: int, lean: bool | None = None
+           ) -> tuple[list[float], float, float, float]:
         """``(bases, moment, step base, step temporary)`` of units ``[a, b)``,
-        one base per holding (``rank_peaks``)."""
+        one base per holding (``rank_peaks``); ``lean``: recomputing (default:
+        as the split tried)."""
         k = self.index
-        fixed, flight, done = (float(np.broadcast_to(m, self.moment.shape)[a, b])
-                               for m in (self.fixed, self.per_flight, self.per_done))
+        lean = bool(self.recomputes[a, b]) if lean is None else lean
+        shape = self.fixed.shape
+        fixed, flight, done, moment = (
+            float(np.broadcast_to(m, shape)[a, b])
+            for m in (self.fixed, self.per_flight[lean], self.per_done, self.moment[lean]))
         bases = [fixed + h.flight[k] * flight + h.done[k] * done for h in self.holdings]
-        return (bases, float(self.moment[a, b]), float(self.step_base[a, b]),
-                float(self.step_temporary[a, b]))
+        return bases, moment, float(self.step_base[a, b]), float(self.step_temporary[a, b])
 
 
 @dataclass
@@ -371,10 +377,9 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
                 lean_fits = lean_fits & (lean_base + lean_over <= room) & steps
             lean_fits &= ~fits
         times.append(np.where(fits, t, np.where(lean_fits, t + ranges.compute[0], np.inf)))
-        parts.append(ChunkMemory(k, fixed, np.where(lean_fits, lean_per_mb, per_mb), per_done,
-                                 np.broadcast_to(np.where(lean_fits, lean_moment, moment),
-                                                 empty.shape), step_base,
-                                 step_temporary, reported))
+        parts.append(ChunkMemory(k, fixed, (per_mb, lean_per_mb), per_done,
+                                 (moment, lean_moment), step_base, step_temporary,
+                                 lean_fits, reported))
         recomputed.append(lean_fits)
     return times, parts, recomputed
 
@@ -484,6 +489,16 @@ def _best_within(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbatche
     times, parts, recomputed = _stage_matrices(chain, ranges, stages, microbatches, schedule,
                                                budget, optimizer, recompute, virtual, holdings,
                                                reserve)
+    bounds = _fastest_bounds(times, microbatches, virtual)
+    if bounds is None:
+        return None
+    return _describe(chain, ranges, stages, bounds, parts, recomputed, microbatches,
+                     schedule, virtual, shared_slowdown)
+
+
+def _fastest_bounds(times: list[np.ndarray], microbatches: int, virtual: int):
+    """The chunk bounds of least ``schedule_step_s`` over the chunk time
+    matrices ``times`` (inf: the range does not fit), None where none fits."""
     caps = np.unique(np.concatenate([t[np.isfinite(t)] for t in times]))
     if caps.size == 0:
         return None
@@ -491,8 +506,7 @@ def _best_within(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbatche
     if free is None:
         return None
     if microbatches * virtual == 1:  # no max term: the least sum is the optimum
-        return _describe(chain, ranges, stages, free, parts, recomputed, microbatches,
-                         schedule, virtual, shared_slowdown)
+        return free
     # The least feasible cap, by bisection over the sorted stage times.
     lo, hi = 0, caps.size - 1
     while lo < hi:
@@ -518,10 +532,71 @@ def _best_within(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbatche
         latency = schedule_step_s(total, worst, microbatches, virtual)
         if latency < best_s:
             best_s, best_bounds = latency, bounds
-    if best_bounds is None:
+    return best_bounds
+
+
+@dataclass
+class MixedSplit:
+    """Chunk bounds where chunk ``j`` runs the plan of ``chains[plan_of[j]]``
+    (``best_mixed_split``), recomputing where ``recompute[j]``; ``step_s``
+    as the DP priced it (no conversion between the plans at the cuts)."""
+
+    bounds: list[tuple[int, int]]
+    plan_of: list[int]
+    recompute: list[bool]
+    step_s: float
+
+
+def best_mixed_split(chains: list[Chain], stages: StageMeshes, microbatches: int,
+                     schedule: str, budget, optimizer="adamw", recompute: bool = True,
+                     virtual: int = 1) -> MixedSplit | None:
+    """``best_partition`` where each chunk may run any of the submesh plans
+    whose chains are ``chains`` (one traced graph, one submesh, the same
+    units): per chunk and unit range, the fastest chain that fits. None where
+    the chains' units differ, or no split fits."""
+    if len({tuple((u.first, u.last, u.repeat) for u in c.units) for c in chains}) != 1:
         return None
-    return _describe(chain, ranges, stages, best_bounds, parts, recomputed, microbatches,
-                     schedule, virtual, shared_slowdown)
+    ranges = [_Ranges(c) for c in chains]
+    n, chunks = stages.count, stages.count * virtual
+    if ranges[0].K < chunks:
+        return None
+    splits = _memory_splits(ranges[0], schedule, microbatches, n, virtual) \
+        if budget is not None else [(None, None)]
+    best = None
+    for holdings, reserve in splits:
+        built = [_stage_matrices(c, r, stages, microbatches, schedule, budget, optimizer,
+                                 recompute, virtual, holdings, reserve)
+                 for c, r in zip(chains, ranges)]
+        times, which = [], []
+        for k in range(chunks):
+            stack = np.stack([b[0][k] for b in built])
+            pick = np.argmin(stack, axis=0)
+            times.append(np.take_along_axis(stack, pick[None], 0)[0])
+            which.append(pick)
+        bounds = _fastest_bounds(times, microbatches, virtual)
+        if bounds is None:
+            continue
+        t = [float(times[k][a, b]) for k, (a, b) in enumerate(bounds)]
+        step = schedule_step_s(sum(t), max(t), microbatches, virtual)
+        if best is None or step < best.step_s:
+            plan_of = [int(which[k][a, b]) for k, (a, b) in enumerate(bounds)]
+            best = MixedSplit(list(bounds), plan_of,
+                              [bool(built[i][2][k][a, b])
+                               for k, (i, (a, b)) in enumerate(zip(plan_of, bounds))], step)
+    return best
+
+
+def bounds_partition(chain: Chain, stages: StageMeshes, bounds, recompute: list[bool],
+                     microbatches: int, schedule: str, optimizer="adamw", virtual: int = 1,
+                     shared_slowdown: float = 1.0) -> Partition:
+    """The ``Partition`` of given chunk bounds and recomputation on ``chain``,
+    with its modelled rank peaks (``rank_peaks``)."""
+    ranges = _Ranges(chain)
+    _, parts, _ = _stage_matrices(chain, ranges, stages, microbatches, schedule, None,
+                                  optimizer, True, virtual)
+    chosen = [part.at(a, b, lean) for part, (a, b), lean in zip(parts, bounds, recompute)]
+    return price_bounds(chain, stages, bounds, list(recompute), microbatches, schedule, ranges,
+                        rank_peaks(chosen, stages.count), shared_slowdown, virtual)
 
 
 def rank_peaks(parts: list[tuple[list[float], float, float, float]], n: int) -> list[float]:

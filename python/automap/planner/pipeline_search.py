@@ -41,10 +41,13 @@ from automap.checkpoint.chain import choice_of_plan
 from automap.errors import InfeasibleBudgetError, InvalidPipelineError, SolverTimeLimitError
 from automap.planner.pipeline_bound import step_lower_bound_s
 from automap.planner.pipeline_chain import Chain, build_chain, cut_positions
+from automap.planner.pipeline_merge import merged_plan, stage_of_nodes
 from automap.planner.pipeline_mesh import cut_mesh
 from automap.planner.pipeline_partition import (
     Partition,
+    best_mixed_split,
     best_partition,
+    bounds_partition,
     least_budget,
     price_bounds,
 )
@@ -389,6 +392,7 @@ def _search_count(one: Microbatched, stages, n: int, microbatches: int, units: i
     partition, its submesh plan, its chain), Nones when no split fits (a
     submesh ILP out of time is appended to ``timeouts``)."""
     found, sub_plan, chain = None, None, None
+    tried: list[tuple[Plan, object, Chain]] = []  # every submesh plan and its chain
     budgets = [None if budget is None else budget * n]
     leaner = leanest = probed = False  # each tried once
     while budgets:
@@ -409,6 +413,7 @@ def _search_count(one: Microbatched, stages, n: int, microbatches: int, units: i
             continue
         chain_n = build_chain(one.traced, one.profile, table, choice_of_plan(table, plan_n),
                               one.blocks, stacks)
+        tried.append((plan_n, table, chain_n))
         split = _best_split(chain_n, stages, microbatches, units, schedule, budget, optimizer,
                             shared_slowdown)
         if split is not None and (found is None or split.step_s < found.step_s):
@@ -428,7 +433,47 @@ def _search_count(one: Microbatched, stages, n: int, microbatches: int, units: i
             # recomputing against 1716 ms without, its ILP peak at the
             # optimizer step, so no leaner budgets to try).
             budgets, probed = [1.0], True
+    if found is not None and len(tried) > 1 and budget is not None:
+        mixed = _mixed(one, stages, microbatches, units, schedule, budget, optimizer, stacks,
+                       shared_slowdown, tried, found)
+        if mixed is not None:
+            found, sub_plan, chain = mixed
     return found, sub_plan, chain
+
+
+def _mixed(one: Microbatched, stages, microbatches: int, units: int, schedule: str, budget,
+           optimizer, stacks, shared_slowdown: float, tried, found: Partition):
+    """Stages running different submesh plans of ``tried`` (``best_mixed_split``:
+    a stage holding more microbatches in flight may take a leaner plan than
+    the others), merged into one plan (``pipeline_merge``) and priced again on
+    its own chain (the conversions at the cuts between the plans included):
+    (partition, plan, chain) where that is faster than ``found`` and fits
+    ``budget``, else None. Depth-reduced chains (a traced block standing for
+    several stages' layers) are not mixed."""
+    if stacks or any(u.repeat for _, _, c in tried for u in c.units):
+        return None
+    best = None
+    for v in virtual_counts(schedule, stages.count, units):
+        split = best_mixed_split([c for _, _, c in tried], stages, microbatches, schedule,
+                                 budget, optimizer, virtual=v)
+        if split is None or len(set(split.plan_of)) < 2 or split.step_s >= found.step_s:
+            continue
+        base, table, chain = tried[split.plan_of[0]]
+        firsts = [chain.order[chain.units[a].first] for a, _ in split.bounds]
+        merged = merged_plan([tried[i][0] for i in split.plan_of],
+                             stage_of_nodes(base, chain.order, firsts))
+        merged_chain = build_chain(one.traced, one.profile, table, choice_of_plan(table, merged),
+                                   one.blocks, stacks)
+        part = bounds_partition(merged_chain, stages, split.bounds, split.recompute,
+                                microbatches, schedule, optimizer, v, shared_slowdown)
+        if max(part.peak_bytes) > budget or part.step_s >= found.step_s:
+            continue
+        if best is None or part.step_s < best[0].step_s:
+            best = (part, merged, merged_chain)
+    if best is not None:
+        log.info("%d stages: plans mixed per stage, step %.3f ms against %.3f ms with one",
+                 stages.count, best[0].step_s * 1e3, found.step_s * 1e3)
+    return best
 
 
 def _leaner_partitions(one: Microbatched, stages, microbatches: int, units: int,
