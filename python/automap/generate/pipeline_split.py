@@ -5,8 +5,9 @@ the stage's submesh), then cut: every generated node carries the traced node it
 was emitted for (``meta["automap_origin"]``), so it belongs to the stage whose
 node range holds that traced node. Conversions and gradient wraps a consumer
 reads are emitted for the consumer, so they run in the consumer's stage, and a
-value crossing a boundary is sent in its producer's spec (the same on both
-sides: every stage runs the same intra-op plan on an equal submesh).
+value crossing a boundary is sent in its producer's spec (a spec means the same
+on every stage's equal submesh; stages running different intra-op plans,
+``planner/pipeline_merge.py``, convert it in the consumer's stage).
 
 Free nodes are attribute reads (state shards, process groups) and the
 conversions of state that depend on nothing else (a parameter read in another
