@@ -10,7 +10,8 @@ their own)
 
 (interleaved 1F1B over ``n * v`` chunks: ``sum(t_j) / v + (M v - 1) max(t_j)``,
 ``schedule_step_s``; chunk ``j`` on submesh ``j mod n``, the per-rank tail
-and peak summed over the rank's chunks)
+summed over the rank's chunks, the rank's peak from what its chunks hold
+together, ``rank_peaks``)
 
 with ``t_k`` stage ``k``'s forward and backward of one microbatch plus its
 sends (the activations to ``k + 1``, the gradient back to ``k - 1``), each
@@ -32,7 +33,11 @@ gradient sync (``stage_sync_s``, less the drain after the stage's last
 backward: ``drain_k``, the backward of stages ``k - 1 .. 0``), the optimizer
 step and the tied weights'
 all-reduce are added after the DP (they are small next to the microbatches
-and nearly the same for every split)."""
+and nearly the same for every split).
+
+``best_mixed_split`` runs the same DP over several submesh plans' chains at
+once, each chunk taking the fastest plan that fits it (``pipeline_merge``
+makes one plan of the choice)."""
 
 from __future__ import annotations
 
