@@ -7,9 +7,13 @@ flight than the last, so it may need a leaner plan than the others), and
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
+import torch
 
+import automap
 from automap import DeviceMesh
 from automap.planner.pipeline_chain import Chain, Unit
 from automap.planner.pipeline_merge import merged_plan, stage_of_nodes
@@ -82,3 +86,24 @@ def test_merged_plan_takes_each_stages_nodes_and_plans_the_cut_again():
                        and e.dst == tp.nodes[e.consumer].inputs[e.input_index] for e in cut)
     assert any(e.steps for e in cut) and np.isfinite(sum(e.cost_s for e in cut))
     assert merged_plan([dp, dp], stage_of) is dp
+
+
+def test_explain_names_each_stages_plan():
+    """A plan whose stages run different submesh plans says which, per stage."""
+    from automap.trace.tracing import trace
+    from pipeline_plans import DeepMLP, computed_nodes, mean_square_loss, pipelined
+
+    with torch.device("meta"):
+        model, inputs = DeepMLP(64), (torch.randn(64, 64),)
+    plan = automap.plan(model, inputs, DeviceMesh((2,)), loss_fn=mean_square_loss,
+                        flops_per_s=1e10)
+    traced = trace(model, inputs, loss_fn=mean_square_loss)
+    piped = pipelined(plan, traced, [computed_nodes(traced)[3]], world=4, microbatches=2,
+                      schedule="1f1b")
+    stages = [{"plan": 1, "intra_op_step_s": 2e-3, "intra_op_peak_bytes": 2**20},
+              {"plan": 0, "intra_op_step_s": 1e-3, "intra_op_peak_bytes": 2**21}]
+    text = dataclasses.replace(piped, solver={**piped.solver,
+                                              "pipeline_stage_plans": stages}).explain()
+    assert "intra-op plan per stage" in text
+    assert "0: #1 (2.000 ms, 1.0 MiB" in text and "1: #0 (1.000 ms, 2.0 MiB" in text
+    assert "intra-op plan per stage" not in piped.explain()

@@ -469,7 +469,11 @@ def _mixed(one: Microbatched, stages, microbatches: int, units: int, schedule: s
         if max(part.peak_bytes) > budget or part.step_s >= found.step_s:
             continue
         if best is None or part.step_s < best[0].step_s:
-            best = (part, merged, merged_chain)
+            solver = {**merged.solver, "pipeline_stage_plans": [
+                {"plan": i, "intra_op_step_s": tried[i][0].predicted_step_s,
+                 "intra_op_peak_bytes": tried[i][0].predicted_peak_memory_bytes}
+                for i in split.plan_of]}
+            best = (part, dataclasses.replace(merged, solver=solver), merged_chain)
     if best is not None:
         log.info("%d stages: plans mixed per stage, step %.3f ms against %.3f ms with one",
                  stages.count, best[0].step_s * 1e3, found.step_s * 1e3)

@@ -302,6 +302,15 @@ class Plan:
                      f"after the last microbatch: gradient sync and optimizer "
                      f"{pipe.tail_s * 1e3:.3f} ms, tied weights' all-reduce "
                      f"{pipe.tied_s * 1e3:.3f} ms")
+        per_stage = self.solver.get("pipeline_stage_plans")
+        if per_stage:
+            # Stages running different submesh plans (``pipeline_merge``).
+            lines.append("  intra-op plan per " + ("chunk" if pipe.virtual_stages > 1 else "stage")
+                         + " (of the submesh plans the search made; the specs above are "
+                         "each one's): " + ", ".join(
+                             f"{k}: #{p['plan']} ({p['intra_op_step_s'] * 1e3:.3f} ms, "
+                             f"{format_bytes(p['intra_op_peak_bytes'])} for the whole model)"
+                             for k, p in enumerate(per_stage)))
         if pipe.intra_op_step_s is not None:
             lines.append(f"  predicted step: pipeline {pipe.predicted_step_s * 1e3:.3f} ms vs "
                          f"intra-op only {pipe.intra_op_step_s * 1e3:.3f} ms")
