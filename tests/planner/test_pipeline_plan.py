@@ -393,7 +393,9 @@ def test_the_stage_model_holds_what_the_simulated_stage_holds(schedule, stages, 
     MLP, 4 microbatches on (4,)): the whole batch on every rank, the received
     inputs no node counts, the outputs waiting for their sends, the gradients
     received and sent, the accumulating gradients. Without them the stages
-    simulated up to 28.7 % over the model (GPipe, 4 stages). Interleaved: a
+    simulated up to 28.7 % over the model (GPipe, 4 stages). Gradients exist
+    only after a stage's first backward, where one microbatch fewer may be in
+    flight. Interleaved: a
     rank's chunks hold together what torch's order has them hold at once,
     one chunk's transients and one optimizer temporary (summed per chunk at
     each one's most in flight, 14-17 % over)."""
@@ -405,6 +407,9 @@ def test_the_stage_model_holds_what_the_simulated_stage_holds(schedule, stages, 
     assert len(peaks) == stages
     errors = [p["modelled_bytes"] / p["simulated_bytes"] - 1 for p in peaks]
     assert max(abs(e) for e in errors) <= 0.07, errors
+    # No stage over by more than 1 %: parameter gradients are counted only
+    # after a stage's first backward (GPipe's 4 stages were 3.6-6.2 % over).
+    assert max(errors) <= 0.01, errors
 
 
 def test_a_budget_below_the_simulated_peak_is_planned_again_or_named(simulated_pipeline):
