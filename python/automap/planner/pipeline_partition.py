@@ -277,8 +277,8 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
     submesh ``j mod n``): the time matrix ``t[a, b]`` (inf where the range is
     empty or over the budget: one for all ranks or one per submesh, a chunk
     within its share of its rank's under each of ``holdings``, default
-    ``holding_sets``' first), its memory (``ChunkMemory``), and where the
-    chunk recomputes its forward to fit (``recompute``: allowed).
+    ``holding_sets``' first) and its memory (``ChunkMemory``, with where the
+    chunk recomputes its forward to fit; ``recompute``: allowed).
     ``reserve`` (interleaved): bytes of each rank's budget set aside for
     the one chunk running, each chunk's base and the part of its moment
     above the reserve within its share of the rest (the optimizer's largest
@@ -307,7 +307,7 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
             np.array([[stages.send_s(j % n, (j - 1) % n, u.out_grad_bytes) for u in units]
                       for j in range(1, chunks)]).reshape(chunks - 1, k_units))
     send_fwd, send_bwd = ranges.sends[key]
-    times, parts, recomputed = [], [], []
+    times, parts = [], []
     per_stage = budget if isinstance(budget, (list, tuple)) else [budget] * n
     sets = holding_sets(ranges, schedule, microbatches, n, virtual)
     holdings = holdings or sets[0]
@@ -408,8 +408,7 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
         parts.append(ChunkMemory(k, fixed, ranges.grads, (per_mb, lean_per_mb), per_done,
                                  (moment, lean_moment), step_base, step_temporary,
                                  lean_fits, reported))
-        recomputed.append(lean_fits)
-    return times, parts, recomputed
+    return times, parts
 
 
 def _least_sum(times: list[np.ndarray], cap: float):
@@ -514,13 +513,13 @@ def _best_within(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbatche
                  reserve: float | None) -> Partition | None:
     """``best_partition`` with each chunk within its shares of its rank's
     budget under ``holdings`` (and ``reserve``, ``_stage_matrices``)."""
-    times, parts, recomputed = _stage_matrices(chain, ranges, stages, microbatches, schedule,
+    times, parts = _stage_matrices(chain, ranges, stages, microbatches, schedule,
                                                budget, optimizer, recompute, virtual, holdings,
                                                reserve)
     bounds = _fastest_bounds(times, microbatches, virtual)
     if bounds is None:
         return None
-    return _describe(chain, ranges, stages, bounds, parts, recomputed, microbatches,
+    return _describe(chain, ranges, stages, bounds, parts, microbatches,
                      schedule, virtual, shared_slowdown)
 
 
@@ -609,7 +608,7 @@ def best_mixed_split(chains: list[Chain], stages: StageMeshes, microbatches: int
         if best is None or step < best.step_s:
             plan_of = [int(which[k][a, b]) for k, (a, b) in enumerate(bounds)]
             best = MixedSplit(list(bounds), plan_of,
-                              [bool(built[i][2][k][a, b])
+                              [bool(built[i][1][k].recomputes[a, b])
                                for k, (i, (a, b)) in enumerate(zip(plan_of, bounds))], step)
     return best
 
@@ -620,7 +619,7 @@ def bounds_partition(chain: Chain, stages: StageMeshes, bounds, recompute: list[
     """The ``Partition`` of given chunk bounds and recomputation on ``chain``,
     with its modelled rank peaks (``rank_peaks``)."""
     ranges = _Ranges(chain)
-    _, parts, _ = _stage_matrices(chain, ranges, stages, microbatches, schedule, None,
+    _, parts = _stage_matrices(chain, ranges, stages, microbatches, schedule, None,
                                   optimizer, True, virtual)
     chosen = [part.at(a, b, lean) for part, (a, b), lean in zip(parts, bounds, recompute)]
     return price_bounds(chain, stages, bounds, list(recompute), microbatches, schedule, ranges,
@@ -656,10 +655,10 @@ def _memory_splits(ranges: _Ranges, schedule: str, microbatches: int, n: int, vi
     return [(holdings, r) for holdings in sets for r in (None, reserve)]
 
 
-def _describe(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds, parts, recomputed,
+def _describe(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds, parts,
               microbatches: int, schedule: str, virtual: int,
               shared_slowdown: float) -> Partition:
-    recompute = [bool(recomputed[k][a, b]) for k, (a, b) in enumerate(bounds)]
+    recompute = [bool(part.recomputes[a, b]) for part, (a, b) in zip(parts, bounds)]
     chosen = [part.at(a, b) for part, (a, b) in zip(parts, bounds)]
     return price_bounds(chain, stages, bounds, recompute, microbatches, schedule, ranges,
                         rank_peaks(chosen, stages.count), shared_slowdown, virtual)
