@@ -183,6 +183,7 @@ def solve_rotor(
     bwd_comm_tmp_bytes: Sequence[int] | None = None,
     out_grad_bytes: Sequence[int] | None = None,
     param_grad_bytes: Sequence[int] | None = None,
+    frees_input: Sequence[bool] | None = None,
     input_bytes: int = 0,
     input_grad_bytes: int = 0,
     slots: int = ...,

@@ -161,7 +161,7 @@ fn column<T: Copy + Default>(
     fwd_compute_s, bwd_compute_s, out_bytes, saved_bytes, budget_bytes, *,
     fwd_comm_s = None, bwd_comm_s = None, fwd_tmp_bytes = None, fwd_comm_tmp_bytes = None,
     save_fwd_tmp_bytes = None, bwd_tmp_bytes = None, bwd_comm_tmp_bytes = None, out_grad_bytes = None,
-    param_grad_bytes = None,
+    param_grad_bytes = None, frees_input = None,
     input_bytes = 0, input_grad_bytes = 0, slots = rotor::DEFAULT_SLOTS,
 ))]
 #[allow(clippy::too_many_arguments)]
@@ -181,6 +181,7 @@ fn solve_rotor(
     bwd_comm_tmp_bytes: Option<Vec<u64>>,
     out_grad_bytes: Option<Vec<u64>>,
     param_grad_bytes: Option<Vec<u64>>,
+    frees_input: Option<Vec<bool>>,
     input_bytes: u64,
     input_grad_bytes: u64,
     slots: usize,
@@ -201,6 +202,7 @@ fn solve_rotor(
     let bwd_comm_tmp_bytes = column("bwd_comm_tmp_bytes", bwd_comm_tmp_bytes, len, None)?;
     let out_grad_bytes = column("out_grad_bytes", out_grad_bytes, len, Some(&out_bytes))?;
     let param_grad_bytes = column("param_grad_bytes", param_grad_bytes, len, None)?;
+    let frees_input = column("frees_input", frees_input, len, None)?;
     let stages = (0..len)
         .map(|k| Stage {
             fwd_compute_s: fwd_compute_s[k],
@@ -216,6 +218,7 @@ fn solve_rotor(
             saved_bytes: saved_bytes[k],
             out_grad_bytes: out_grad_bytes[k],
             param_grad_bytes: param_grad_bytes[k],
+            frees_input: frees_input[k],
         })
         .collect();
     let chain = Chain::new(stages, input_bytes, input_grad_bytes).map_err(to_py)?;

@@ -39,6 +39,13 @@ pub struct Stage {
     /// Parameter gradients the backward of the stage creates: they stay live
     /// to the end (the optimizer step), whatever the schedule.
     pub param_grad_bytes: u64,
+    /// Whether a saving forward of the stage lets go of a plain input `a_k`
+    /// (the output of a checkpointed region before it, `k > 0`): nothing the
+    /// stage keeps for its backward is that tensor as produced (it saves a
+    /// converted copy, or only reads it), so the program frees it after its
+    /// last reader and the backward does not need it. A checkpoint or a
+    /// saved set `ā_k` is held to its own backward whatever this says.
+    pub frees_input: bool,
 }
 
 impl Stage {

@@ -34,6 +34,7 @@ pub fn example_chain(len: usize) -> Result<Chain, RotorError> {
                 saved_bytes: out * (2 + next(4)),
                 out_grad_bytes: out,
                 param_grad_bytes: 0,
+                frees_input: false,
             }
         })
         .collect();

@@ -17,6 +17,11 @@
 //! | `ForwardSaveAll(k)` Fall| `a_k` or `ā_k`     | input kept, `ā_{k+1}`        |
 //! | `Backward(k)`  B        | `δ_{k+1}, ā_{k+1}`, `a_k` or `ā_k` | `δ_k` (`a_k` is freed, `ā_k` kept) |
 //!
+//! A stage that `frees_input` needs no plain `a_k` (`k > 0`) once its
+//! saving forward ran: `ForwardSaveAll(k)` frees it (the program drops the
+//! output of a checkpointed region after its last reader when the next
+//! stage keeps only a copy of it), and `Backward(k)` runs without it.
+//!
 //! A checkpoint (the input that a `ForwardCheckpoint` keeps) lives until the
 //! backward of its stage, as the input that `torch.utils.checkpoint` saves
 //! does: a forward may not consume it. A forward reads the last (highest)

@@ -158,11 +158,14 @@ pub(crate) fn replay(
 }
 
 /// What activation slot k holds: nothing, a plain `a_k`, `a_k` kept as a
-/// checkpoint (the input of a `ForwardCheckpoint`), or the saved set `ā_k`.
+/// checkpoint (the input of a `ForwardCheckpoint`), the saved set `ā_k`, or
+/// nothing where a plain `a_k` was let go by a stage that `frees_input` (its
+/// backward runs without it).
 pub(crate) const NONE: u8 = 0;
 pub(crate) const PLAIN: u8 = 1;
 pub(crate) const CHECKPOINT: u8 = 2;
 pub(crate) const SAVED: u8 = 3;
+pub(crate) const FREED: u8 = 4;
 
 /// The live tensors between two ops: what each activation slot holds; the
 /// backward front (`δ_b` is live, stages `b..L` are done); the bytes (or
@@ -232,6 +235,10 @@ impl State {
                 let during = self.mem + sz.saved[k] + sz.save_fwd_tmp[k];
                 self.mem += sz.saved[k];
                 self.act[k + 1] = SAVED;
+                if input == PLAIN && sz.frees_input[k] {
+                    self.mem -= sz.act[k];
+                    self.act[k] = FREED;
+                }
                 Ok(during)
             }
             Op::Backward(_) => {
@@ -247,7 +254,9 @@ impl State {
                 let during = self.mem + sz.bwd_out[k] + sz.bwd_tmp[k];
                 self.mem = self.mem + sz.grad[k] - sz.grad[k + 1] - sz.saved[k];
                 self.act[k + 1] = NONE;
-                if input != SAVED {
+                if input == FREED {
+                    self.act[k] = NONE;
+                } else if input != SAVED {
                     self.mem -= sz.act[k];
                     self.act[k] = NONE;
                 }

@@ -20,6 +20,9 @@ pub(crate) struct Sizes {
     pub fwd_tmp: Vec<u64>,
     pub save_fwd_tmp: Vec<u64>,
     pub bwd_tmp: Vec<u64>,
+    /// Per stage: `Stage::frees_input`, and never for stage 0 (the chain
+    /// input is the caller's).
+    pub frees_input: Vec<bool>,
 }
 
 impl Sizes {
@@ -59,6 +62,11 @@ impl Sizes {
             fwd_tmp: st.iter().map(|s| f(s.fwd_overhead_bytes())).collect(),
             save_fwd_tmp: st.iter().map(|s| f(s.save_fwd_overhead_bytes())).collect(),
             bwd_tmp: st.iter().map(|s| f(s.bwd_overhead_bytes())).collect(),
+            frees_input: st
+                .iter()
+                .enumerate()
+                .map(|(k, s)| k > 0 && s.frees_input)
+                .collect(),
         }
     }
 
@@ -92,6 +100,19 @@ impl Sizes {
     #[inline]
     pub fn bwd_req(&self, s: usize) -> u64 {
         self.saved[s] + self.grad[s + 1] + self.bwd_out[s] + self.bwd_tmp[s]
+    }
+
+    /// Least memory of sub-chain `(j, t)` run as `ForwardSaveAll(j)`, `(j+1,
+    /// t)`, `Backward(j)` by a stage that `frees_input`, counting its plain
+    /// input `a_j` (live through the forward, freed after it) but nothing
+    /// held outside; `rest` is the least memory of `(j+1, t)` (0 when
+    /// `j == t`).
+    #[inline]
+    pub fn freeing_save_all_req(&self, j: usize, t: usize, rest: u64) -> u64 {
+        let sub = if j < t { self.saved[j] + rest } else { 0 };
+        (self.act[j] + self.save_all_req(j, t))
+            .max(self.bwd_req(j))
+            .max(sub)
     }
 }
 
@@ -157,10 +178,14 @@ pub(crate) fn min_memory(sz: &Sizes, cells: &Cells) -> Vec<u64> {
                 if sweep >= best {
                     break; // the sweep only grows with j
                 }
-                let cand = sweep
-                    .max(sz.act[j] + mm[cells.index(j, t)])
-                    .max(mm[cells.index(s, j - 1)]);
+                let left = mm[cells.index(s, j - 1)];
+                let cand = sweep.max(sz.act[j] + mm[cells.index(j, t)]).max(left);
                 best = best.min(cand);
+                if sz.frees_input[j] {
+                    // The sweep's output goes once stage j has saved what it needs.
+                    let rest = if j < t { mm[cells.index(j + 1, t)] } else { 0 };
+                    best = best.min(sweep.max(sz.freeing_save_all_req(j, t, rest)).max(left));
+                }
             }
             mm[cells.index(s, t)] = best;
         }

@@ -170,7 +170,7 @@ pub(crate) fn solve_full(
         claimed_peak: sz.act[0] + sz.grad[l],
     };
     let mut blocks = Vec::new();
-    table.recover((0, l - 1, m), a0, &mut rec, &mut blocks);
+    table.recover((0, l - 1, m), a0, false, &mut rec, &mut blocks);
     let Recovered {
         ops,
         claimed_peak: claimed_peak_slots,

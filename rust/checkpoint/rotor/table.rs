@@ -6,15 +6,21 @@
 //! `δ_{t+1}` and everything the sub-chain creates but not `a_s`:
 //!
 //! ```text
-//! C(s, t, m) = min( C_all, min_{j = s+1..=t} C_ck(j) )
+//! C(s, t, m) = min( C_all, min_{j = s+1..=t} C_ck(j), min_j C_free(j) )
 //! C_all      = fwd_s + bwd_s + C(s+1, t, m - ā_s)          [C(s+1, s, ·) = 0]
 //!              if m >= max(δ_{t+1} + ā_s + o_f,  ā_s + δ_{s+1} + δ_s + o_b)
 //! C_ck(j)    = Σ_{k=s}^{j-1} fwd_k + C(j, t, m - a_j) + C(s, j-1, m)
 //!              if m >= δ_{t+1} + max(a_{s+1} + o_f^s, max_{s<k<j} a_k + a_{k+1} + o_f^k)
+//! C_free(j)  = Σ_{k=s}^{j-1} fwd_k + fwd_j + bwd_j + C(j+1, t, m - ā_j) + C(s, j-1, m)
+//!              for a stage j that frees its input, if m >= the sweep's and
+//!              m >= max(a_j + δ_{t+1} + ā_j + o_f^j, ā_j + δ_{j+1} + δ_j + o_b^j)
 //! ```
 //!
 //! (fwd = u_f + u_fcomm, bwd = u_b + u_bcomm, o_f and o_b include the
-//! communication buffers; ā_s is the saved set of stage s.) The forward sweep
+//! communication buffers; ā_s is the saved set of stage s.) `C_free(j)` is
+//! `C_ck(j)` with `(j, t)` saving stage j first, where that forward lets go
+//! of the sweep's output `a_j` (`Stage::frees_input`): the same ops, without
+//! `a_j` from then on. The forward sweep
 //! of `C_ck(j)` is checked for its own `j`, not only for `j = t` as in the
 //! paper's `m_∅`, and the `C_all` backward for its own temporaries, which the
 //! paper's `m_all` misses.
@@ -88,6 +94,9 @@ enum Choice {
     SaveAll,
     /// Checkpoint `a_s`, sweep to `a_j`, `(j, t)`, then `(s, j-1)`.
     Checkpoint(usize),
+    /// As `Checkpoint(j)` with `(j, t)` run as `ForwardSaveAll(j)` freeing
+    /// `a_j`, `(j+1, t)`, `Backward(j)`: the same ops, less memory.
+    CheckpointFreeing(usize),
 }
 
 impl Table {
@@ -264,28 +273,65 @@ impl Table {
                 break;
             }
             let (right, left) = (self.cells.index(j, t), self.cells.index(s, j - 1));
+            let lrow = rd(left);
             let aj = sz.act[j] as usize;
             let m0 = (sweep as usize).max(self.lo[right] + aj).max(self.lo[left]);
+            if m0 <= mmax {
+                // Rows are non-increasing in m, so this option costs at least
+                // fwd + the last (largest-m) values of both rows, in the same
+                // f32 arithmetic: it can only improve the prefix of the range
+                // where the output row (also non-increasing) is still above that.
+                let rrow = rd(right);
+                let bound = fwd as f32 + rrow[rrow.len() - 1] + lrow[lrow.len() - 1];
+                let n = row[m0 - lo..].partition_point(|&v| v > bound);
+                if n > 0 {
+                    #[cfg(test)]
+                    WORK.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                    let out = &mut row[m0 - lo..][..n];
+                    let r = &rrow[m0 - aj - self.lo[right]..][..n];
+                    let l = &lrow[m0 - self.lo[left]..][..n];
+                    relax(out, r, l, fwd as f32, avx);
+                }
+            }
+            if !sz.frees_input[j] {
+                continue;
+            }
+            // The same sweep, then stage j saves what it needs and frees a_j.
+            let m0 = (sweep as usize)
+                .max(self.freeing_threshold(j, t))
+                .max(self.lo[left]);
             if m0 > mmax {
                 continue;
             }
-            // Rows are non-increasing in m, so this option costs at least
-            // fwd + the last (largest-m) values of both rows, in the same f32
-            // arithmetic: it can only improve the prefix of the range where
-            // the output row (also non-increasing) is still above that.
-            let (rrow, lrow) = (rd(right), rd(left));
-            let bound = fwd as f32 + rrow[rrow.len() - 1] + lrow[lrow.len() - 1];
+            let c = fwd as f32 + self.fb_s[j];
+            let l = &lrow[m0 - self.lo[left]..];
+            if j == t {
+                let n = row[m0 - lo..].partition_point(|&v| v > c + lrow[lrow.len() - 1]);
+                relax_const(&mut row[m0 - lo..][..n], &l[..n], c);
+                continue;
+            }
+            let sub = self.cells.index(j + 1, t);
+            let srow = rd(sub);
+            let bound = c + srow[srow.len() - 1] + lrow[lrow.len() - 1];
             let n = row[m0 - lo..].partition_point(|&v| v > bound);
             if n == 0 {
                 continue;
             }
-            #[cfg(test)]
-            WORK.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-            let out = &mut row[m0 - lo..][..n];
-            let r = &rrow[m0 - aj - self.lo[right]..][..n];
-            let l = &lrow[m0 - self.lo[left]..][..n];
-            relax(out, r, l, fwd as f32, avx);
+            let r = &srow[m0 - sz.saved[j] as usize - self.lo[sub]..][..n];
+            relax(&mut row[m0 - lo..][..n], r, &l[..n], c, avx);
         }
+    }
+
+    /// Least `m` at which sub-chain `(j, t)` may run as a saving forward of j
+    /// that frees its plain input `a_j` (counted in `m`), then `(j+1, t)`, then
+    /// `Backward(j)`.
+    fn freeing_threshold(&self, j: usize, t: usize) -> usize {
+        let rest = if j < t {
+            self.lo[self.cells.index(j + 1, t)] as u64
+        } else {
+            0
+        };
+        self.sz.freeing_save_all_req(j, t, rest) as usize
     }
 
     /// Least `m` at which the save-all option of (s, t) is feasible.
@@ -336,7 +382,7 @@ impl Table {
         }
         let mut fwd = 0.0f64;
         let mut sweep = 0u64;
-        let mut best = (f32::INFINITY, s + 1);
+        let mut best = (f32::INFINITY, Choice::Checkpoint(s + 1));
         for j in s + 1..=t {
             fwd += self.fwd_s[j - 1];
             sweep = sweep.max(sz.sweep_fwd_req(s, j - 1, t));
@@ -344,44 +390,73 @@ impl Table {
                 break;
             }
             let aj = sz.act[j] as usize;
-            if m < aj {
-                continue;
+            if m >= aj {
+                let v = fwd as f32 + self.value(j, t, m - aj) + self.value(s, j - 1, m);
+                if v == target {
+                    return Choice::Checkpoint(j);
+                }
+                if v < best.0 {
+                    best = (v, Choice::Checkpoint(j));
+                }
             }
-            let v = fwd as f32 + self.value(j, t, m - aj) + self.value(s, j - 1, m);
-            if v == target {
-                return Choice::Checkpoint(j);
-            }
-            if v < best.0 {
-                best = (v, j);
+            if sz.frees_input[j] && m >= self.freeing_threshold(j, t) {
+                let c = fwd as f32 + self.fb_s[j];
+                let v = if j == t {
+                    c + self.value(s, j - 1, m)
+                } else {
+                    c + self.value(j + 1, t, m - sz.saved[j] as usize) + self.value(s, j - 1, m)
+                };
+                if v == target {
+                    return Choice::CheckpointFreeing(j);
+                }
+                if v < best.0 {
+                    best = (v, Choice::CheckpointFreeing(j));
+                }
             }
         }
         // Unreachable with bit-identical arithmetic; fall back to the best.
         debug_assert!(false, "no option reproduces C({s}, {t}, {m})");
-        Choice::Checkpoint(best.1)
+        best.1
     }
 
     /// Emit the schedule of (s, t) at m into `out`, with `held` slots held
-    /// outside the sub-chain; `blocks` receives this nesting level's blocks.
+    /// outside the sub-chain (`a_s` included; `plain`: `a_s` is the output of
+    /// a sweep, which a stage that frees its input lets go, as the replay
+    /// does whichever option the table took); `blocks` receives this nesting
+    /// level's blocks.
     pub fn recover(
         &self,
         (s, t, m): (usize, usize, usize),
         held: u64,
+        plain: bool,
         out: &mut Recovered,
         blocks: &mut Vec<CheckpointBlock>,
     ) {
         let sz = &self.sz;
-        match self.choice(s, t, m) {
+        let choice = self.choice(s, t, m);
+        match choice {
             Choice::SaveAll => {
                 out.ops.push(Op::ForwardSaveAll(s));
                 out.claim(held + sz.save_all_req(s, t));
+                let held = if plain && sz.frees_input[s] {
+                    held - sz.act[s]
+                } else {
+                    held
+                };
                 if s < t {
                     let saved = sz.saved[s];
-                    self.recover((s + 1, t, m - saved as usize), held + saved, out, blocks);
+                    self.recover(
+                        (s + 1, t, m - saved as usize),
+                        held + saved,
+                        false,
+                        out,
+                        blocks,
+                    );
                 }
                 out.ops.push(Op::Backward(s));
                 out.claim(held + sz.bwd_req(s));
             }
-            Choice::Checkpoint(j) => {
+            Choice::Checkpoint(j) | Choice::CheckpointFreeing(j) => {
                 out.ops.push(Op::ForwardCheckpoint(s));
                 out.ops.extend((s + 1..j).map(Op::ForwardNoSave));
                 for k in s..j {
@@ -389,9 +464,26 @@ impl Table {
                 }
                 let aj = sz.act[j];
                 let at = blocks.len();
-                self.recover((j, t, m - aj as usize), held + aj, out, blocks);
+                if matches!(choice, Choice::Checkpoint(_)) {
+                    self.recover((j, t, m - aj as usize), held + aj, true, out, blocks);
+                } else {
+                    out.ops.push(Op::ForwardSaveAll(j));
+                    out.claim(held + aj + sz.save_all_req(j, t));
+                    if j < t {
+                        let saved = sz.saved[j];
+                        self.recover(
+                            (j + 1, t, m - saved as usize),
+                            held + saved,
+                            false,
+                            out,
+                            blocks,
+                        );
+                    }
+                    out.ops.push(Op::Backward(j));
+                    out.claim(held + sz.bwd_req(j));
+                }
                 let mut children = Vec::new();
-                self.recover((s, j - 1, m), held, out, &mut children);
+                self.recover((s, j - 1, m), held, false, out, &mut children);
                 blocks.insert(
                     at,
                     CheckpointBlock {
@@ -432,6 +524,15 @@ fn relax_generic(out: &mut [f32], a: &[f32], b: &[f32], c: f32) {
 #[target_feature(enable = "avx")]
 fn relax_avx(out: &mut [f32], a: &[f32], b: &[f32], c: f32) {
     relax_generic(out, a, b, c)
+}
+
+/// `out[i] = min(out[i], c + b[i])`: a sub-chain ending where the option's
+/// saving stage is the last.
+fn relax_const(out: &mut [f32], b: &[f32], c: f32) {
+    for (o, &y) in out.iter_mut().zip(b) {
+        let v = c + y;
+        *o = if v < *o { v } else { *o };
+    }
 }
 
 #[inline]

@@ -139,25 +139,35 @@ fn arb_stage() -> impl Strategy<Value = Stage> {
             any::<bool>(),
         ),
         (0u64..5, 0u64..3, 0u64..5, 0u64..3),
-        (0u64..8, 0u64..8, 0u64..8, any::<bool>(), 0u64..4),
+        (
+            0u64..8,
+            0u64..8,
+            0u64..8,
+            any::<bool>(),
+            0u64..4,
+            any::<bool>(),
+        ),
     )
         .prop_map(
-            |((fc, fm, bc, bm, comm), (ft, fct, bt, bct), (out, extra, g, same, pg))| Stage {
-                fwd_compute_s: fc,
-                fwd_comm_s: if comm { fm } else { 0.0 },
-                bwd_compute_s: bc,
-                bwd_comm_s: if comm { bm } else { 0.0 },
-                fwd_tmp_bytes: ft,
-                fwd_comm_tmp_bytes: if comm { fct } else { 0 },
-                // A saving forward's own overhead in a quarter of the stages.
-                save_fwd_tmp_bytes: if pg == 1 { Some(ft / 2) } else { None },
-                bwd_tmp_bytes: bt,
-                bwd_comm_tmp_bytes: if comm { bct } else { 0 },
-                out_bytes: out,
-                saved_bytes: out + extra,
-                out_grad_bytes: if same { out } else { g },
-                // Parameter gradients in half the stages (they ride on δ).
-                param_grad_bytes: if pg >= 2 { pg - 1 } else { 0 },
+            |((fc, fm, bc, bm, comm), (ft, fct, bt, bct), (out, extra, g, same, pg, frees))| {
+                Stage {
+                    fwd_compute_s: fc,
+                    fwd_comm_s: if comm { fm } else { 0.0 },
+                    bwd_compute_s: bc,
+                    bwd_comm_s: if comm { bm } else { 0.0 },
+                    fwd_tmp_bytes: ft,
+                    fwd_comm_tmp_bytes: if comm { fct } else { 0 },
+                    // A saving forward's own overhead in a quarter of the stages.
+                    save_fwd_tmp_bytes: if pg == 1 { Some(ft / 2) } else { None },
+                    bwd_tmp_bytes: bt,
+                    bwd_comm_tmp_bytes: if comm { bct } else { 0 },
+                    out_bytes: out,
+                    saved_bytes: out + extra,
+                    out_grad_bytes: if same { out } else { g },
+                    // Parameter gradients in half the stages (they ride on δ).
+                    param_grad_bytes: if pg >= 2 { pg - 1 } else { 0 },
+                    frees_input: frees,
+                }
             },
         )
 }
@@ -284,6 +294,52 @@ fn uniform_stage(fwd: f64, bwd: f64, out: u64, saved: u64) -> Stage {
         out_grad_bytes: out,
         ..Stage::default()
     }
+}
+
+/// A stage that keeps only a copy of its input lets the output of the
+/// checkpointed region before it go: the same schedule needs less memory, and
+/// a budget only that saving admits keeps stage 1's activations.
+#[test]
+fn a_stage_freeing_its_input_lowers_the_schedule_after_a_region() {
+    // Stage 0's saved set is large: checkpointing it is the way down.
+    let stages = |frees: bool| {
+        let mut v = vec![
+            uniform_stage(1.0, 2.0, 10, 45),
+            uniform_stage(1.0, 2.0, 10, 20),
+            uniform_stage(1.0, 2.0, 10, 20),
+        ];
+        v[1].frees_input = frees;
+        Chain::new(v, 10, 0).unwrap()
+    };
+    let (keeps, frees) = (stages(false), stages(true));
+    assert!(min_budget_bytes(&frees) <= min_budget_bytes(&keeps));
+    // The least budget of the kept-input chain that checkpoints stage 0 alone.
+    let ck0 = [
+        Op::ForwardCheckpoint(0),
+        Op::ForwardSaveAll(1),
+        Op::ForwardSaveAll(2),
+        Op::Backward(2),
+        Op::Backward(1),
+        Op::ForwardSaveAll(0),
+        Op::Backward(0),
+    ];
+    let kept = simulate(&keeps, &ck0).unwrap().peak_memory_bytes;
+    let freed = simulate(&frees, &ck0).unwrap().peak_memory_bytes;
+    assert_eq!(
+        kept - freed,
+        10,
+        "a_1 (10 B) is not held through stages 1-2"
+    );
+    let sch = solve(&frees, freed, freed as usize).unwrap();
+    assert_eq!(sch.ops, ck0.to_vec());
+    assert_eq!(sch.peak_memory_bytes, freed);
+    assert!(solve(&keeps, freed, freed as usize).map_or(true, |s| s.ops != ck0.to_vec()));
+    // The first stage never lets the chain input go.
+    let mut first = vec![uniform_stage(1.0, 2.0, 10, 20); 2];
+    first[0].frees_input = true;
+    let first = Chain::new(first, 10, 0).unwrap();
+    let all = simulate(&first, &store_all_ops(2)).unwrap();
+    assert_eq!(all.memory_after_bytes[0], 10 + 10 + 20);
 }
 
 #[test]
