@@ -95,7 +95,8 @@ def train_pipelined(rank: int, world: int, cases: list[dict]) -> list[dict]:
 def misuse(rank: int, world: int, plan_dict: dict) -> list[str]:
     """A pipelined module from ``automap.apply`` (the whole batch as example
     inputs), used wrongly: a scaled loss's backward, inputs of another batch
-    size; and its loss under no_grad."""
+    size, gradients reset between the forward and ``backward()`` (set to None
+    or zeroed); and its loss under no_grad."""
     import automap
     from automap.errors import InputMismatchError, PipelineError
     from automap.generate.pipeline import PipelineModule
@@ -114,6 +115,17 @@ def misuse(rank: int, world: int, plan_dict: dict) -> list[str]:
         module(args[0][:3], args[1][:3])
     except InputMismatchError:
         seen.append("batch size")
+    for set_to_none in (True, False):  # zero_grad between the forward and backward()
+        loss = module(*args, **kwargs)
+        for p in module.parameters():
+            if p.grad is not None:
+                p.grad = None if set_to_none else p.grad.zero_()
+        try:
+            loss.backward()
+        except PipelineError:
+            seen.append("gradients reset")
+    twice = module(*args, **kwargs) + module(*args, **kwargs)  # accumulating: no false alarm
+    twice.backward()
     with torch.no_grad():
         evaluated = module(*args, **kwargs)
     seen.append(f"eval {evaluated.item():.12f} train {loss.item():.12f}")

@@ -153,12 +153,15 @@ def test_pipelined_training_equals_serial(layout):
 def test_pipelined_module_misuse_raises_typed_errors():
     """``automap.apply`` of a pipelined plan gives a PipelineModule; a scaled
     loss's backward raises PipelineError (the schedule already ran the backward
-    for the loss itself), another batch size InputMismatchError; under no_grad
+    for the loss itself), another batch size InputMismatchError, a
+    ``zero_grad()`` between the forward and ``backward()`` PipelineError (the
+    step's gradients were dropped in silence); under no_grad
     the forward runs the schedule's forward only, to the same loss."""
     results = run_on_gloo(misuse, 2, _plan("mlp", 2, 2, "1f1b"), timeout_s=150)
     for seen in results:
-        assert seen[:2] == ["scaled backward", "batch size"], seen
-        evaluated, trained = seen[2].split()[1::2]
+        assert seen[:4] == ["scaled backward", "batch size", "gradients reset",
+                            "gradients reset"], seen
+        evaluated, trained = seen[4].split()[1::2]
         assert evaluated == trained, seen
 
 

@@ -125,6 +125,28 @@ def test_a_pipeline_budget_error_names_a_least_that_plans(schedule):
     assert steps == sorted(steps, reverse=True)
 
 
+def test_checkpointing_off_keeps_every_stage_from_recomputing():
+    """``checkpointing="off"`` means the sharding alone must fit: no stage may
+    recompute its forward, and the least budget named is the least without
+    (a new-user sweep's 6-layer MLP, GPipe: "off" planned both stages
+    recomputing at the least it named, 4,106,958 B)."""
+    model, inputs = _mlp(256, batch=256)
+    options = dict(loss_fn=mean_square_loss, pipeline=2, microbatches=4, schedule="gpipe",
+                   **SPEEDS)
+    least = {}
+    for mode in ("off", "auto"):
+        with pytest.raises(automap.InfeasibleBudgetError) as err:
+            automap.plan(model, inputs, DeviceMesh((4,)), 1.0, checkpointing=mode, **options)
+        least[mode] = err.value.smallest_feasible_budget_bytes
+    assert least["auto"] < least["off"]
+    plan = automap.plan(model, inputs, DeviceMesh((4,)), least["off"], checkpointing="off",
+                        **options)
+    assert not any(s.recompute for s in plan.pipeline.stages)
+    with pytest.raises(automap.InfeasibleBudgetError):
+        automap.plan(model, inputs, DeviceMesh((4,)), (least["auto"] + least["off"]) / 2,
+                     checkpointing="off", **options)
+
+
 def test_mesh_cuts():
     mesh = DeviceMesh((2, 4), alpha_s=[1e-5, 1e-6], bandwidth_bytes_per_s=[1e9, 1e11])
     assert stage_counts(mesh) == [1, 2, 4, 8]

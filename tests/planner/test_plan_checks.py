@@ -142,6 +142,16 @@ def test_what_cannot_be_trained_is_a_typed_error(case, tmp_path):
         Plan.from_json(str(binary))
 
 
+def test_from_json_takes_the_text_to_json_returns(case):
+    """``to_json()`` without a path returns the text; ``from_json`` of that text
+    raised ``OSError: File name too long`` with the whole plan in its message
+    (a new-user sweep)."""
+    _, _, _, p, _ = case
+    assert Plan.from_json(p.to_json()).to_dict() == p.to_dict()
+    with pytest.raises(InvalidPlanError, match="JSON text given is not a plan"):
+        Plan.from_json(p.to_json()[:-40])
+
+
 def test_no_optimizer_state_is_a_valid_plan(case):
     model, x, mesh, p, _ = case
     none = automap.plan(model, (x,), mesh, loss_fn=_loss, flops_per_s=1e6, optimizer=None)

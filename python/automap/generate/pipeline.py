@@ -113,22 +113,69 @@ def _weighted_loss(output: torch.Tensor, weight: float) -> torch.Tensor:
     return loss * weight
 
 
+class _ReleasingStage(PipelineStage):
+    """A ``PipelineStage`` whose last stage lets go of a microbatch's graph
+    once its backward ran. torch's schedules keep every microbatch's loss to
+    the end of the step (for the losses they return), and a loss keeps its
+    graph's nodes, among them the accumulators of its leaves: the received
+    activations, so the last stage held every microbatch's received input to
+    the end of the step where the other stages free it after that backward
+    (a 4-stage 1F1B pipeline's last rank: 0.75 MiB, 3 microbatch inputs,
+    over its simulated step, and over its budget). Detaching the loss in place
+    after its backward keeps its value and frees the graph."""
+
+    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().backward_one_chunk(*args, **kwargs)
+        loss = kwargs.get("loss", args[1] if len(args) > 1 else None)
+        if isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
+            loss.detach_()
+        return out
+
+
 class _FinishedLoss(torch.autograd.Function):
-    """The step's loss, whose backward already ran inside the schedule."""
+    """The step's loss, whose backward already ran inside the schedule.
+    ``made``: the parameter gradients that step left, checked to be still
+    there: an ``optimizer.zero_grad()`` between the forward and ``backward()``
+    dropped the whole step's gradients in silence (a new-user sweep)."""
 
     @staticmethod
-    def forward(ctx, anchor: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, anchor: torch.Tensor, value: torch.Tensor, made) -> torch.Tensor:
+        ctx.made = made
         return value.clone()
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[None, None]:
+    def backward(ctx, grad: torch.Tensor) -> tuple[None, None, None]:
         if not bool(torch.all(grad == 1)):
             raise PipelineError(
                 "a pipelined module runs the backward of every microbatch inside its forward, "
                 "for the loss itself (a gradient of 1): scaled losses (loss * c).backward() or "
                 "losses combined with others cannot be differentiated afterwards; scale the "
                 "learning rate instead")
-        return None, None
+        if _gradients_reset(ctx.made):
+            raise PipelineError(
+                "the gradients this pipelined step computed were reset between the forward "
+                "and backward(): a pipelined module runs the backward inside its forward, so "
+                "call optimizer.zero_grad() before the forward or after optimizer.step(), "
+                "not between the forward and backward()")
+        return None, None, None
+
+
+def _gradients_made(module: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    """(parameter, its gradient, the gradient's version) for each parameter a
+    step left a gradient on."""
+    return [(p, p.grad, p.grad._version) for p in module.parameters() if p.grad is not None]
+
+
+def _gradients_reset(made) -> bool:
+    """Whether a gradient of ``made`` was set to None, or zeroed in place
+    (changed, and all zeros: another step accumulating into it changes it
+    too, but leaves no zeros)."""
+    for param, grad, version in made:
+        if param.grad is None:
+            return True
+        if param.grad is grad and grad._version != version and not bool(grad.any()):
+            return True
+    return False
 
 
 class PipelineModule(nn.Module):
@@ -149,7 +196,7 @@ class PipelineModule(nn.Module):
         for b in built:
             last = b.index == b.count - 1
             recompute = bool(getattr(plan.pipeline.stages[b.index], "recompute", False))
-            pipe = PipelineStage(_SendContiguous(b.module, last, recompute), b.index, b.count,
+            pipe = _ReleasingStage(_SendContiguous(b.module, last, recompute), b.index, b.count,
                                  device, input_args=b.input_metas, output_args=b.output_metas,
                                  group=b.p2p_group)
             pipe.stage_index_to_group_rank = dict(b.stage_to_group_rank)
@@ -202,7 +249,7 @@ class PipelineModule(nn.Module):
         dist.broadcast(total, src=self.stage.loss_source_rank, group=self.stage.pipeline_group)
         if not torch.is_grad_enabled():
             return total
-        return _FinishedLoss.apply(self._anchor, total)
+        return _FinishedLoss.apply(self._anchor, total, _gradients_made(self))
 
     @contextlib.contextmanager
     def _stage_random(self) -> Iterator[None]:

@@ -467,9 +467,10 @@ LEAST_TOLERANCE = 1e-4
 
 
 def least_budget(chain: Chain, stages: StageMeshes, microbatches: int, schedule: str,
-                 optimizer="adamw", virtual: int = 1) -> float | None:
+                 optimizer="adamw", virtual: int = 1, recompute: bool = True) -> float | None:
     """The least budget (bytes per device, the partition model's) within which
-    some split of ``chain`` fits, stages recomputing where that helps: the
+    some split of ``chain`` fits, stages recomputing where that helps (and
+    ``recompute`` allows): the
     smallest ``budget`` for which ``best_partition`` finds a split, to
     ``LEAST_TOLERANCE`` (bisected: a larger budget only admits more splits).
     None when there are fewer units than chunks."""
@@ -481,13 +482,13 @@ def least_budget(chain: Chain, stages: StageMeshes, microbatches: int, schedule:
 
     def fits(budget: float) -> bool:
         return any(_least_sum(_stage_matrices(chain, ranges, stages, microbatches, schedule,
-                                              budget, optimizer, True, virtual, holdings,
+                                              budget, optimizer, recompute, virtual, holdings,
                                               reserve)[0],
                               np.inf)[1] is not None
                    for holdings, reserve in splits)
 
     free = best_partition(chain, stages, microbatches, schedule, None, optimizer,
-                          virtual=virtual)
+                          recompute=recompute, virtual=virtual)
     if free is None:
         return None
     hi = max(free.peak_bytes)

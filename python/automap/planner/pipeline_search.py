@@ -136,7 +136,7 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
                     intra_op_error: InfeasibleBudgetError | None = None,
                     explicit: bool = False,
                     shared_slowdown: float = 1.0, work_s: float = 0.0,
-                    name_least: bool = True) -> Plan:
+                    name_least: bool = True, recompute: bool = True) -> Plan:
     """The fastest plan over the stage ``counts`` and, for each count ``n``,
     the microbatch counts ``microbatches(n)`` (one for an explicit
     ``microbatches=M``; several for ``"auto"``, each priced with its own
@@ -148,12 +148,13 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
     (``pipeline_partition.schedule_step_s``).
 
     ``work_s``: the whole batch's one-device compute (``pipeline_bound``; 0:
-    no bound). The (n, M) pairs are searched best-first: in the order of their
-    lower bounds, a pair's found pipeline verified once no unsearched pair's
-    bound is below its step, so the pipelines are verified in the order of
-    their steps, as if every pair had been searched; the pairs still
-    unsearched when a plan is returned are recorded with their bound
-    (``pruned``), not searched.
+    no bound). ``recompute``: stages may recompute their forward to fit
+    (``checkpointing`` other than ``"off"``). The (n, M) pairs are searched
+    best-first: in the order of their lower bounds, a pair's found pipeline
+    verified once no unsearched pair's bound is below its step, so the
+    pipelines are verified in the order of their steps, as if every pair had
+    been searched; the pairs still unsearched when a plan is returned are
+    recorded with their bound (``pruned``), not searched.
 
     Where nothing fits the budget, the least budget named is a property of
     the model, mesh and options, not of the budget asked (``_least_named``;
@@ -199,7 +200,7 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
             start = time.perf_counter()
             found, sub_plan, chain = _search_count(one, stages, n, m, units, schedule,
                                                    memory_budget_bytes, optimizer, stacks,
-                                                   shared_slowdown, timeouts)
+                                                   shared_slowdown, timeouts, recompute)
             seconds = time.perf_counter() - start
             candidates.append(_candidate(stages, m, key, found, seconds))
             log.info("%d stages of %s, %d microbatches: %s (%.2f s)", n, stages.submesh_shape,
@@ -215,7 +216,7 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
             break
         plan, seen = _verified(sub_plan, partition, stages, chain, m, schedule,
                                memory_budget_bytes, optimizer, intra_s, candidates, t0,
-                               prepare(m).simulate, shared_slowdown)
+                               prepare(m).simulate, shared_slowdown, recompute)
         if seen is not None:
             least_peak = seen if least_peak is None else min(least_peak, seen)
         if plan is not None and not (intra_s is not None and intra_s <= plan.predicted_step_s
@@ -228,7 +229,7 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
             # step), as the search would have found them had the model known.
             for found, plan_n, chain_n in _leaner_partitions(
                     prepare(m), stages, m, units, schedule, memory_budget_bytes, optimizer,
-                    stacks, shared_slowdown, sub_plan):
+                    stacks, shared_slowdown, sub_plan, recompute):
                 heapq.heappush(heap, (found.step_s, _VERIFY, n, m, next(order),
                                       (plan_n, found, chain_n, True)))
     _record_pruned(heap, mesh, candidates)
@@ -240,15 +241,16 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
     budget_text = f"{memory_budget_bytes or 0:.4g}"
     error = InfeasibleBudgetError(
         f"no pipeline of {tried} stages fits a memory budget of {budget_text} bytes per "
-        "device, even with stages recomputing their forward; raise the budget, use more "
-        "stages or devices", None)
+        "device" + (", even with stages recomputing their forward" if recompute else
+                    " without stages recomputing their forward (checkpointing='off')")
+        + "; raise the budget, use more stages or devices", None)
     if least_peak is not None:
         error = _least_error(tried, budget_text, least_peak, "the leanest verified "
                              "pipeline's worst stage with its reserve")
     if name_least and memory_budget_bytes is not None and searched:
         leasts = [(x, n, m) for n, m in searched
                   if (x := _least_of_pair(prepare(m), cut_mesh(mesh, n), m, units, schedule,
-                                          optimizer, stacks)) is not None]
+                                          optimizer, stacks, recompute)) is not None]
         if leasts:
             # Only the pair of the least is searched at it: the others do not
             # fit there by the model, and a search of all would verify that
@@ -260,7 +262,7 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
                                        microbatches=lambda _: [least_m], schedule=schedule,
                                        optimizer=optimizer, stacks=stacks, intra_op=None,
                                        explicit=explicit, shared_slowdown=shared_slowdown,
-                                       work_s=work_s, name_least=False)
+                                       work_s=work_s, name_least=False, recompute=recompute)
 
             fitted, error = _least_named(least, search_at, memory_budget_bytes, tried,
                                          budget_text, error)
@@ -284,7 +286,7 @@ def _least_error(tried: list[int], budget_text: str, least: float, what: str,
 
 
 def _least_of_pair(one: Microbatched, stages, microbatches: int, units: int, schedule: str,
-                   optimizer, stacks) -> float | None:
+                   optimizer, stacks, recompute: bool = True) -> float | None:
     """The least budget at which the partition model fits ``n`` stages of
     ``microbatches`` microbatches (``stages``): the partition DP's least
     (``least_budget``) over the leanest submesh plan's chain (the plan at the
@@ -296,7 +298,8 @@ def _least_of_pair(one: Microbatched, stages, microbatches: int, units: int, sch
     plan_n, table = leanest
     chain = build_chain(one.traced, one.profile, table, choice_of_plan(table, plan_n),
                         one.blocks, stacks)
-    found = [least_budget(chain, stages, microbatches, schedule, optimizer, virtual=v)
+    found = [least_budget(chain, stages, microbatches, schedule, optimizer, virtual=v,
+                          recompute=recompute)
              for v in virtual_counts(schedule, stages.count, units)]
     return min((x for x in found if x is not None), default=None)
 
@@ -326,13 +329,14 @@ def _leanest_submesh(one: Microbatched, stages):
 
 
 def _best_split(chain: Chain, stages, microbatches: int, units: int, schedule: str, budget,
-                optimizer, shared_slowdown: float) -> Partition | None:
+                optimizer, shared_slowdown: float, recompute: bool = True
+                ) -> Partition | None:
     """``best_partition`` over the chunks per rank the schedule allows
     (``virtual_counts``): the fastest split, None where none fits."""
     split = None
     for v in virtual_counts(schedule, stages.count, units):
         part = best_partition(chain, stages, microbatches, schedule, budget, optimizer,
-                              virtual=v, shared_slowdown=shared_slowdown)
+                              recompute=recompute, virtual=v, shared_slowdown=shared_slowdown)
         if part is not None and (split is None or part.step_s < split.step_s):
             split = part
     return split
@@ -385,7 +389,7 @@ def _record_pruned(heap: list[tuple], mesh, candidates: list[dict]) -> None:
 
 def _search_count(one: Microbatched, stages, n: int, microbatches: int, units: int,
                   schedule: str, budget, optimizer, stacks, shared_slowdown: float,
-                  timeouts: list):
+                  timeouts: list, recompute: bool = True):
     """The best partition of ``n`` stages with ``microbatches`` microbatches
     (``one``: their trace): the submesh plan within ``n`` times the budget, then
     leaner ones while the best split recomputes (``leaner_budgets``); (the
@@ -415,7 +419,7 @@ def _search_count(one: Microbatched, stages, n: int, microbatches: int, units: i
                               one.blocks, stacks)
         tried.append((plan_n, table, chain_n))
         split = _best_split(chain_n, stages, microbatches, units, schedule, budget, optimizer,
-                            shared_slowdown)
+                            shared_slowdown, recompute)
         if split is not None and (found is None or split.step_s < found.step_s):
             found, sub_plan, chain = split, plan_n, chain_n
         if found is not None and not any(found.recompute):
@@ -435,14 +439,15 @@ def _search_count(one: Microbatched, stages, n: int, microbatches: int, units: i
             budgets, probed = [1.0], True
     if found is not None and len(tried) > 1 and budget is not None:
         mixed = _mixed(one, stages, microbatches, units, schedule, budget, optimizer, stacks,
-                       shared_slowdown, tried, found)
+                       shared_slowdown, tried, found, recompute)
         if mixed is not None:
             found, sub_plan, chain = mixed
     return found, sub_plan, chain
 
 
 def _mixed(one: Microbatched, stages, microbatches: int, units: int, schedule: str, budget,
-           optimizer, stacks, shared_slowdown: float, tried, found: Partition):
+           optimizer, stacks, shared_slowdown: float, tried, found: Partition,
+           recompute: bool = True):
     """Stages running different submesh plans of ``tried`` (``best_mixed_split``:
     a stage holding more microbatches in flight may take a leaner plan than
     the others), merged into one plan (``pipeline_merge``) and priced again on
@@ -455,7 +460,7 @@ def _mixed(one: Microbatched, stages, microbatches: int, units: int, schedule: s
     best = None
     for v in virtual_counts(schedule, stages.count, units):
         split = best_mixed_split([c for _, _, c in tried], stages, microbatches, schedule,
-                                 budget, optimizer, virtual=v)
+                                 budget, optimizer, recompute=recompute, virtual=v)
         if split is None or len(set(split.plan_of)) < 2 or split.step_s >= found.step_s:
             continue
         base, table, chain = tried[split.plan_of[0]]
@@ -482,7 +487,8 @@ def _mixed(one: Microbatched, stages, microbatches: int, units: int, schedule: s
 
 def _leaner_partitions(one: Microbatched, stages, microbatches: int, units: int,
                        schedule: str, budget, optimizer, stacks, shared_slowdown: float,
-                       failed: Plan) -> list[tuple[Partition, Plan, Chain]]:
+                       failed: Plan, recompute: bool = True
+                       ) -> list[tuple[Partition, Plan, Chain]]:
     """The best partitions of the submesh plans leaner than ``failed`` (whose
     pipeline's simulated step did not fit ``budget``): the plans keeping a
     share of its activations (``leaner_budgets``) and the leanest one, each
@@ -506,7 +512,7 @@ def _leaner_partitions(one: Microbatched, stages, microbatches: int, units: int,
         chain = build_chain(one.traced, one.profile, table, choice_of_plan(table, plan_n),
                             one.blocks, stacks)
         split = _best_split(chain, stages, microbatches, units, schedule, budget, optimizer,
-                            shared_slowdown)
+                            shared_slowdown, recompute)
         if split is not None:
             out.append((split, plan_n, chain))
     return out
@@ -514,8 +520,8 @@ def _leaner_partitions(one: Microbatched, stages, microbatches: int, units: int,
 
 def _verified(sub_plan: Plan, partition: Partition, stages, chain, microbatches: int,
               schedule: str, budget, optimizer, intra_s, candidates, t0: float,
-              simulate: Callable | None,
-              shared_slowdown: float = 1.0) -> tuple[Plan | None, float | None]:
+              simulate: Callable | None, shared_slowdown: float = 1.0,
+              recompute: bool = True) -> tuple[Plan | None, float | None]:
     """The pipelined plan of ``partition`` with each stage's peak from its
     simulated step, re-partitioned against per-stage budgets corrected by
     simulated/modelled while a stage exceeds ``budget``: (the plan or None, the
@@ -547,7 +553,8 @@ def _verified(sub_plan: Plan, partition: Partition, stages, chain, microbatches:
                  "per-stage model budgets %s MiB", [round(p / 2**20, 1) for p in peaks],
                  [round(b / 2**20, 1) for b in budgets])
         split = best_partition(chain, stages, microbatches, schedule, budgets, optimizer,
-                               virtual=partition.virtual, shared_slowdown=shared_slowdown)
+                               recompute=recompute, virtual=partition.virtual,
+                               shared_slowdown=shared_slowdown)
         if split is None:
             break
         partition = split

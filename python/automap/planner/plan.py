@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
@@ -187,15 +188,20 @@ class Plan:
         return plan
 
     @classmethod
-    def from_json(cls, path: str) -> Plan:
-        """``from_dict`` of a JSON file; unreadable JSON is an ``InvalidPlanError``."""
-        with open(path, "rb") as f:
-            raw = f.read()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidPlanError(f"{path} is not a plan: not UTF-8 text ({exc.reason} at "
-                                   f"byte {exc.start})") from None
+    def from_json(cls, path: str | os.PathLike) -> Plan:
+        """``from_dict`` of a JSON file, or of the text ``to_json()`` returns (a
+        string that starts with ``{``); unreadable JSON is an
+        ``InvalidPlanError``, a file that cannot be opened an ``OSError``."""
+        if isinstance(path, str) and path.lstrip().startswith("{"):
+            text, path = path, "the JSON text given"
+        else:
+            with open(path, "rb") as f:
+                raw = f.read()
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InvalidPlanError(f"{path} is not a plan: not UTF-8 text ({exc.reason} "
+                                       f"at byte {exc.start})") from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:

@@ -291,7 +291,7 @@ def plan(
                                 microbatches, schedule, loss_fn or default_loss,
                                 mixed_precision, reduce_depth, found, intra_op_error,
                                 explicit=pipeline != "auto", verify=verify, work_s=work_s,
-                                **options)
+                                recompute=checkpointing != "off", **options)
     assert found is not None  # n = 1 planned, or the pipeline search returned or raised
     found.inputs = describe_inputs(example_inputs)
     return found
@@ -300,14 +300,15 @@ def plan(
 def _plan_pipelined(model, example_inputs, mesh, memory_budget_bytes, counts, microbatches,
                     schedule, loss_fn, mixed_precision, reduce_depth, intra_op,
                     intra_op_error, explicit, verify: bool = True, work_s: float = 0.0,
-                    **options) -> Plan:
+                    recompute: bool = True, **options) -> Plan:
     """The stage search of ``automap.planner.pipeline_search`` on one
     microbatch of ``example_inputs`` (``microbatches="auto"``: one trace per
     count of microbatches searched, ``microbatch.microbatch_counts``); ``verify``:
     the chosen pipeline's stages are simulated (``simulate_pipeline``; not for
     depth-reduced plans, which are not generated); ``work_s``: the whole
     batch's one-device compute, which bounds each (stages, microbatches)
-    pair's step from below (``pipeline_bound``)."""
+    pair's step from below (``pipeline_bound``); ``recompute``: stages may
+    recompute their forward (not under ``checkpointing="off"``)."""
     from automap.trace.profiling import profile_traced
     from automap.trace.tracing import trace
 
@@ -364,7 +365,8 @@ def _plan_pipelined(model, example_inputs, mesh, memory_budget_bytes, counts, mi
     return search_pipeline(prepare, mesh, memory_budget_bytes, counts, microbatches=options_of,
                            schedule=schedule, optimizer=options["optimizer"], stacks=reduced,
                            intra_op=intra_op, intra_op_error=intra_op_error, explicit=explicit,
-                           shared_slowdown=options["device"].shared_slowdown, work_s=work_s)
+                           shared_slowdown=options["device"].shared_slowdown, work_s=work_s,
+                           recompute=recompute)
 
 
 def parameter_dtype(traced) -> torch.dtype:
