@@ -188,6 +188,7 @@ def apply(plan: Plan, model: nn.Module, example_inputs: Any = None, *,
         if not isinstance(plan, Plan):
             raise InvalidArgumentError(f"plan must be an automap.Plan (e.g. "
                                        f"automap.Plan.from_json(path)), got {type(plan).__name__}")
+        plan.check_generable()
         _mesh_for_world(_whole_mesh(plan))
         inputs = example_inputs
         if inputs is None:

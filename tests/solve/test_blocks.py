@@ -9,7 +9,8 @@ import warnings
 import pytest
 import torch
 
-from automap import DeviceMesh
+from automap import DeviceMesh, StalePlanError
+from automap.planner.plan import Plan
 from automap.planner.search import plan
 from automap.solve.blocks import detect_blocks
 from automap.solve.depth import reduced_depth, repeated_stacks
@@ -70,6 +71,12 @@ def test_reduced_depth_predicts_the_full_plan_and_restores_the_model():
     assert "simulated" not in reduced.solver and full.solver["simulated"]
     modelled = full.solver["modelled_peak_bytes"]
     assert modelled <= reduced.predicted_peak_memory_bytes <= 1.02 * modelled
+    # Nor can it be applied: said as much, not as a changed model (the
+    # fingerprint of its few traced layers is not the model's).
+    full.check_generable()
+    with pytest.raises(StalePlanError, match=r"reduce_depth=True \(planned on transformer.h: "
+                       r"2 of 5 layers\)"):
+        Plan.from_json(reduced.to_json()).check_generable()
 
 
 def test_reduced_depth_only_cuts_uniform_stacks():

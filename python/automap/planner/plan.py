@@ -213,6 +213,7 @@ class Plan:
         """Raise StalePlanError unless this plan was made for ``traced`` (and
         ``mesh``), and InvalidPlanError unless every node's choice is a strategy
         the generator offers for it."""
+        self.check_generable()
         traced_setting = getattr(traced, "mixed_precision", None)
         if traced_setting != self.mixed_precision:
             raise StalePlanError(
@@ -230,6 +231,21 @@ class Plan:
                 f"this plan is for a mesh of shape {self.mesh.shape}, not {mesh.shape}; re-plan "
                 f"for this mesh")
         check_against_graph(self, traced)
+
+    def check_generable(self) -> None:
+        """Raise StalePlanError for a plan made with ``reduce_depth=True``: it
+        was planned on a few traced layers standing for all of them, an
+        estimate of the whole model's plan; its graph is not the model's, so
+        no program can be generated from it (without this check the graph
+        fingerprint refused it as if the model had changed)."""
+        reduced = self.solver.get("reduced_depth")
+        if reduced:
+            layers = ", ".join(f"{path or 'model'}: {kept} of {depth} layers"
+                               for path, depth, kept in reduced)
+            raise StalePlanError(
+                f"this plan was made with reduce_depth=True (planned on {layers}): an "
+                "estimate for sizing the run, which cannot be applied; re-plan without "
+                "reduce_depth to train with it")
 
     # Explanation --------------------------------------------------------------------
     def placements(self, model: torch.nn.Module | None = None) -> dict[str, tuple]:
@@ -266,7 +282,8 @@ class Plan:
     def _pipeline_summary(self, pipe: PipelineRecord) -> str:
         budget = ("no memory budget" if self.memory_budget_bytes is None
                   else f"budget {format_bytes(self.memory_budget_bytes)}")
-        intra = ("intra-op only: not searched" if pipe.intra_op_step_s is None else
+        intra = ("intra-op only: not planned, a stage count was asked"
+                 if pipe.intra_op_step_s is None else
                  f"intra-op only on the whole mesh {tuple(pipe.mesh['shape'])}: "
                  f"{pipe.intra_op_step_s * 1e3:.3f} ms")
         return (f"pipeline plan: {_count(pipe.stage_count, 'stage')} of submesh "
@@ -350,8 +367,11 @@ class Plan:
         lines = [self.summary(), ""]
         compared = self.solver.get("compared_step_s") or {}
         if compared.get("searched") is not None and compared.get("parameters whole") is not None:
+            # A pipeline's comparison was its submesh plan's, not the pipeline's.
+            what = ("the stages' submesh plan (one microbatch) was " if self.pipeline
+                    is not None else "")
             lines[1:1] = [
-                f"chosen over the search's plan ({compared['searched'] * 1e3:.3f} ms): the "
+                f"{what}chosen over the search's plan ({compared['searched'] * 1e3:.3f} ms): the "
                 f"fastest plan with every parameter whole "
                 f"({compared['parameters whole'] * 1e3:.3f} ms; the program all-reduces its "
                 f"gradients in buckets beside the backward)", ""]
