@@ -52,6 +52,18 @@ class Unit:
     #: it makes: a microbatch after the first makes them anew beside the ones
     #: accumulated so far.
     accumulating_bytes: float = 0.0
+    #: The most one microbatch holds of this unit while one of its nodes runs
+    #: (``memory.estimate_memory``'s terms): forward, the saved tensors of the
+    #: nodes before it and its transient; backward, the saved tensors of the
+    #: nodes up to it, the output gradients waiting and its kernels' transient
+    #: with the parameter gradients it makes beside those accumulated
+    #: (``running_bytes``), or, in the chunk's first backward, where no
+    #: gradient was accumulated, with those the unit's later nodes made too
+    #: (``first_running_bytes``); ``made_bytes``: all the parameter gradients
+    #: its backward makes. None: all its saved with its largest transient.
+    running_bytes: float | None = None
+    first_running_bytes: float | None = None
+    made_bytes: float = 0.0
     #: Parameters and buffers it reads: key -> (bytes held the whole step,
     #: gradient bytes); a key is (placeholder, repeat). (Inputs: ``Chain.input_bytes``.)
     state: dict = field(default_factory=dict)
@@ -204,6 +216,10 @@ def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
         if consumer in line.position and table.nodes[producer].kind in (
                 "parameter", "buffer", "constant", "input"):
             readers.setdefault(producer, []).append(line.position[consumer])
+    # The output gradients live while each node runs backward (as
+    # ``memory.estimate_memory``: from their last reader's backward through
+    # their producer's), whichever unit made them.
+    waiting = np.maximum(np.cumsum(memory.waiting[::-1])[::-1], 0.0)
     made = np.zeros(len(order))  # parameter gradient bytes each node's backward makes
     for name, positions in readers.items():
         node = table.nodes[name]
@@ -216,16 +232,34 @@ def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
     for first, end in zip(bounds[:-1], bounds[1:]):
         times_repeated = max((repeats.get(order[i], 1) for i in range(first, end)), default=1)
         for rep in range(times_repeated):
-            unit = Unit(first, end - 1, rep, trains=False)
+            unit = Unit(first, end - 1, rep, trains=False, running_bytes=0.0,
+                        first_running_bytes=0.0)
             for i in range(first, end):
                 f, b = times[order[i]]
                 unit.forward_s += f
                 unit.backward_s += b
+                saved_before = unit.saved_bytes
                 unit.saved_bytes += float(memory.saved[i])
                 unit.transient_bytes = max(unit.transient_bytes, float(memory.fwd[i]),
                                            float(memory.bwd[i]), float(memory.after[i]))
                 unit.accumulating_bytes = max(unit.accumulating_bytes,
                                               float(memory.bwd[i]) + made[i])
+            # Backward from the unit's last node: the gradients the nodes after
+            # each one made are still held in the first backward.
+            made_after = 0.0
+            saved_upto = unit.saved_bytes
+            for i in range(end - 1, first - 1, -1):
+                saved_before = saved_upto - float(memory.saved[i])
+                forward = saved_before + float(memory.fwd[i])
+                after = saved_before + float(waiting[i]) + float(memory.after[i])
+                during = saved_upto + float(waiting[i]) + float(memory.bwd[i]) + made[i]
+                unit.running_bytes = max(unit.running_bytes, forward, after, during)
+                unit.first_running_bytes = max(unit.first_running_bytes, forward,
+                                               after + made_after + made[i],
+                                               during + made_after)
+                made_after += made[i]
+                saved_upto = saved_before
+            unit.made_bytes = made_after
             # Between repeats the cut carries what crosses into the next traced block.
             cut = first if rep < times_repeated - 1 else end
             unit.out_bytes = float(crossing.forward[cut])

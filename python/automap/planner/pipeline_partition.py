@@ -138,6 +138,29 @@ class _Ranges:
         self.saved = sums([u.saved_bytes for u in units])
         self.transient = maxima([u.transient_bytes for u in units])
         self.accumulating = maxima([u.accumulating_bytes for u in units])
+        # What one microbatch of units [a, b) holds while one of its nodes
+        # runs: every earlier unit's saved tensors and the running unit's
+        # ``Unit.running_bytes`` (at most ``saved + transient``: charged as
+        # that, a recomputing GPT-2 chunk modelled 13-19 % over its
+        # simulation); in the chunk's first backward, with the parameter
+        # gradients of the later units too (``first_running_bytes``).
+        before = np.concatenate([[0.0], np.cumsum([u.saved_bytes for u in units])])
+        made = np.concatenate([[0.0], np.cumsum([u.made_bytes for u in units])])
+
+        def running(values, later) -> np.ndarray:
+            out = maxima(before[:-1] - later[1:] + np.asarray(values, dtype=float)) \
+                - before[:, None] + later[None, :]
+            out[np.tril_indices(k + 1)] = 0.0  # empty ranges
+            return out
+
+        self.counts_waiting = all(u.running_bytes is not None for u in units)
+        fallback = [u.saved_bytes + max(u.transient_bytes, u.accumulating_bytes)
+                    for u in units]
+        self.running = running([f if u.running_bytes is None else u.running_bytes
+                                for u, f in zip(units, fallback)], np.zeros(k + 1))
+        self.first_running = running(
+            [f if u.first_running_bytes is None else u.first_running_bytes
+             for u, f in zip(units, fallback)], made)
         self.largest = maxima([u.largest_param_bytes for u in units])
         #: (id of the stage meshes, chunks) -> the send times after each unit,
         #: forward and back (``_stage_matrices``).
@@ -176,7 +199,8 @@ class ChunkMemory:
     """A chunk's memory matrices (``[a, b]``: its units), as ``_stage_matrices``
     builds them: per microbatch in flight (keeping its activations, or
     recomputing them) and per backward done, the fixed bytes, the moment
-    while it runs (likewise), the optimizer step's state and temporary, and
+    while it runs (likewise; in its first backward and in a later one), the
+    optimizer step's state and temporary, and
     where the split tried recomputes."""
 
     index: int
@@ -184,27 +208,29 @@ class ChunkMemory:
     grads: np.ndarray  # within ``fixed``, none before the chunk's first backward
     per_flight: tuple[np.ndarray, np.ndarray]  # (kept, recomputed)
     per_done: np.ndarray | float
-    moment: tuple[np.ndarray, np.ndarray]
+    #: (kept, recomputed), each (in the chunk's first backward, later).
+    moment: tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
     step_base: np.ndarray
     step_temporary: np.ndarray
     recomputes: np.ndarray
     holdings: list  # the schedule's (``holding_sets``' last), for the reported peak
 
     def at(self, a: int, b: int, lean: bool | None = None
-           ) -> tuple[list[float], float, float, float]:
-        """``(bases, moment, step base, step temporary)`` of units ``[a, b)``,
-        one base per holding (``rank_peaks``); ``lean``: recomputing (default:
-        as the split tried)."""
+           ) -> tuple[list[float], list[float], float, float]:
+        """``(bases, moments, step base, step temporary)`` of units ``[a, b)``,
+        one base and one moment per holding (``rank_peaks``); ``lean``:
+        recomputing (default: as the split tried)."""
         k = self.index
         lean = bool(self.recomputes[a, b]) if lean is None else lean
         shape = self.fixed.shape
-        fixed, grads, flight, done, moment = (
+        fixed, grads, flight, done, first, later = (
             float(np.broadcast_to(m, shape)[a, b])
             for m in (self.fixed, self.grads, self.per_flight[lean], self.per_done,
-                      self.moment[lean]))
+                      *self.moment[lean]))
         bases = [fixed - (grads if h.done[k] == 0 else 0.0) + h.flight[k] * flight
                  + h.done[k] * done for h in self.holdings]
-        return bases, moment, float(self.step_base[a, b]), float(self.step_temporary[a, b])
+        moments = [first if h.done[k] == 0 else later for h in self.holdings]
+        return bases, moments, float(self.step_base[a, b]), float(self.step_temporary[a, b])
 
 
 @dataclass
@@ -317,10 +343,12 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
     crossing_grad = per_cut([u.out_grad_bytes for u in units])
     unsaved = per_cut([u.out_unsaved_bytes for u in units])
     uncounted = per_cut([u.out_uncounted_bytes for u in units])
-    # A backward after the first microbatch's makes each parameter's gradient
-    # anew beside the one accumulated (``Unit.accumulating_bytes``).
-    transient = ranges.transient if microbatches == 1 else \
-        np.maximum(ranges.transient, ranges.accumulating)
+    # The running microbatch: with its activations kept (``flight`` counts
+    # them saved), what its running node adds; recomputed, all it holds then.
+    # In the chunk's first backward (no gradient held before it) and in a
+    # later one (each parameter's gradient made anew beside the one
+    # accumulated): ``Unit.first_running_bytes`` and ``running_bytes``.
+    running = (ranges.first_running, ranges.running)
     # The optimizer steps one parameter at a time: its temporaries are the
     # largest parameter's, once per rank however many chunks it runs.
     step_temporary = factor * ranges.largest
@@ -346,7 +374,9 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
         last = k == chunks - 1
         received = uncounted[:, None] if k > 0 else 0.0
         unsent = 0.0 if last else unsaved[None, :]
-        out_grad = 0.0 if last else crossing_grad[None, :]
+        # Counted among the running unit's waiting gradients where the chain
+        # has them (``Unit.running_bytes``).
+        out_grad = 0.0 if last or ranges.counts_waiting else crossing_grad[None, :]
         in_grad = crossing_grad[:, None] if k > 0 else 0.0
         # Every rank holds the whole batch the caller passes (counted once, on
         # its first chunk).
@@ -366,14 +396,16 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
             # GPT-2's interleaved ranks modelled 13-28 % over their simulation.
             per_mb, lean_per_mb, per_done = ranges.saved + received + unsent, \
                 inputs + unsent, in_grad
-            moment = transient + out_grad
+            moment = tuple(r - ranges.saved + out_grad for r in running)
+            lean_moment = tuple(r + out_grad for r in running)
         else:
             # GPipe's sends are done before the first backward, 1F1B's at the
             # next operation: the backward's buffers come after them.
             sends = unsent * (microbatches if schedule == "gpipe" else 1)
             per_mb, lean_per_mb, per_done = ranges.saved + received, inputs, 0.0
-            moment = np.maximum(sends, transient + out_grad + in_grad)
-        lean_moment = ranges.saved + moment
+            moment = tuple(np.maximum(sends, r - ranges.saved + out_grad + in_grad)
+                           for r in running)
+            lean_moment = tuple(np.maximum(sends, r + out_grad + in_grad) for r in running)
         step_base = fixed
         if virtual == 1 and k > 0:
             # The last microbatch's received input and its gradient are still
@@ -390,8 +422,8 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
             # most the reserve beyond them.
             spare = reserve or 0.0
             step_spare = step_reserve if reserve else 0.0
-            over = np.maximum(moment - spare, 0.0)
-            lean_over = np.maximum(lean_moment - spare, 0.0)
+            over = [np.maximum(m - spare, 0.0) for m in moment]
+            lean_over = [np.maximum(m - spare, 0.0) for m in lean_moment]
             step_over = np.maximum(step_temporary - step_spare, 0.0)
             # Holdings alike on this chunk constrain it alike.
             for flight, done, part in {(h.flight[k], h.done[k], h.shares[k]) for h in holdings}:
@@ -401,8 +433,9 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
                 lean_base = held_state + flight * lean_per_mb
                 room = share - spare * part
                 steps = step_base + step_over <= share - step_spare * part
-                fits = fits & (base + over <= room) & steps
-                lean_fits = lean_fits & (lean_base + lean_over <= room) & steps
+                running_now = 0 if done == 0 else 1  # the first backward, or a later one
+                fits = fits & (base + over[running_now] <= room) & steps
+                lean_fits = lean_fits & (lean_base + lean_over[running_now] <= room) & steps
             lean_fits &= ~fits
         times.append(np.where(fits, t, np.where(lean_fits, t + ranges.compute[0], np.inf)))
         parts.append(ChunkMemory(k, fixed, ranges.grads, (per_mb, lean_per_mb), per_done,
@@ -452,7 +485,8 @@ def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedul
     if ranges.K < n * virtual:
         return None
     best = None
-    splits = _memory_splits(ranges, schedule, microbatches, n, virtual) \
+    splits = _memory_splits(ranges, schedule, microbatches, n, virtual, _free_split(
+        chain, ranges, stages, microbatches, schedule, optimizer, virtual)) \
         if budget is not None else [(None, None)]
     for holdings, reserve in splits:
         found = _best_within(chain, ranges, stages, microbatches, schedule, budget, optimizer,
@@ -478,7 +512,8 @@ def least_budget(chain: Chain, stages: StageMeshes, microbatches: int, schedule:
     n = stages.count
     if ranges.K < n * virtual:
         return None
-    splits = _memory_splits(ranges, schedule, microbatches, n, virtual)
+    splits = _memory_splits(ranges, schedule, microbatches, n, virtual, _free_split(
+        chain, ranges, stages, microbatches, schedule, optimizer, virtual))
 
     def fits(budget: float) -> bool:
         return any(_least_sum(_stage_matrices(chain, ranges, stages, microbatches, schedule,
@@ -588,7 +623,8 @@ def best_mixed_split(chains: list[Chain], stages: StageMeshes, microbatches: int
     n, chunks = stages.count, stages.count * virtual
     if ranges[0].K < chunks:
         return None
-    splits = _memory_splits(ranges[0], schedule, microbatches, n, virtual) \
+    splits = _memory_splits(ranges[0], schedule, microbatches, n, virtual, _free_split(
+        chains[0], ranges[0], stages, microbatches, schedule, optimizer, virtual)) \
         if budget is not None else [(None, None)]
     best = None
     for holdings, reserve in splits:
@@ -627,33 +663,84 @@ def bounds_partition(chain: Chain, stages: StageMeshes, bounds, recompute: list[
                         rank_peaks(chosen, stages.count), shared_slowdown, virtual)
 
 
-def rank_peaks(parts: list[tuple[list[float], float, float, float]], n: int) -> list[float]:
-    """Per rank, its peak from its chunks' ``(bases, moment, step base, step
-    temporary)`` bytes (chunk ``j`` on rank ``j mod n``; ``bases`` one per
-    holding the schedule reaches): at each holding every chunk's base while
-    one chunk runs, its moment the largest; or, in the optimizer step, every
-    chunk's state and the largest temporary."""
+def rank_peaks(parts: list[tuple[list[float], list[float], float, float]], n: int
+               ) -> list[float]:
+    """Per rank, its peak from its chunks' ``(bases, moments, step base, step
+    temporary)`` bytes (chunk ``j`` on rank ``j mod n``; ``bases`` and
+    ``moments`` one per holding the schedule reaches): at each holding every
+    chunk's base while one chunk runs, its moment the largest; or, in the
+    optimizer step, every chunk's state and the largest temporary."""
     peaks = []
     for r in range(n):
         mine = parts[r::n]
-        held = max(sum(p[0][h] for p in mine) for h in range(len(mine[0][0])))
-        peaks.append(max(held + max(p[1] for p in mine),
-                         sum(p[2] for p in mine) + max(p[3] for p in mine)))
+        held = max(sum(p[0][h] for p in mine) + max(p[1][h] for p in mine)
+                   for h in range(len(mine[0][0])))
+        peaks.append(max(held, sum(p[2] for p in mine) + max(p[3] for p in mine)))
     return peaks
 
 
-def _memory_splits(ranges: _Ranges, schedule: str, microbatches: int, n: int, virtual: int):
+def _memory_splits(ranges: _Ranges, schedule: str, microbatches: int, n: int, virtual: int,
+                   free=None):
     """The ``(holdings, reserve)`` pairs the DP tries (``_stage_matrices``): per
     set of ``holding_sets``, no reserve and, interleaved, a reserve of the
     chain's largest transient with the largest output gradient a running
-    chunk receives (what every split's largest moment fits)."""
+    chunk receives (what every split's largest moment fits); interleaved,
+    each set also with each set of shares ``_split_shares`` makes of
+    ``free``."""
     sets = holding_sets(ranges, schedule, microbatches, n, virtual)
     if virtual == 1:
         return [(holdings, None) for holdings in sets]
     k = ranges.K
     reserve = float(max(ranges.transient[0, k], ranges.accumulating[0, k])) \
         + ranges.out_grad_max
-    return [(holdings, r) for holdings in sets for r in (None, reserve)]
+    return [(holdings, r) for r in (None, reserve)
+            for holdings in sets + [[Holding(h.flight, h.done, list(shares)) for h in held]
+                                    for shares in _split_shares(free, n, virtual, r)
+                                    for held in sets]]
+
+
+def _free_split(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbatches: int,
+                schedule: str, optimizer, virtual: int):
+    """Interleaved: the fastest split without a budget, as (its chunks'
+    ``ChunkMemory``, its bounds), for ``_split_shares``; None otherwise."""
+    if virtual == 1:
+        return None
+    free = _best_within(chain, ranges, stages, microbatches, schedule, None, optimizer, False,
+                        virtual, 1.0, None, None)
+    if free is None:
+        return None
+    _, parts = _stage_matrices(chain, ranges, stages, microbatches, schedule, None, optimizer,
+                               True, virtual)
+    return parts, free.bounds
+
+
+def _split_shares(free, n: int, virtual: int, reserve: float | None) -> list[list[float]]:
+    """Sets of per-chunk shares of its rank's budget in proportion to what the chunks
+    of ``free`` (``_free_split``) hold at their most (their moment above
+    ``reserve``), one set per choice of which of a rank's chunk positions recompute
+    (the first few). The shares of ``holding_sets`` come from an even cut, and a
+    split whose chunks differ (the trust GPT-2's last chunk holds the LM head and its
+    logits) can fit its ranks' budgets within none of them: at 40 MiB no split was
+    found where one of 37.4 MiB modelled, 17 % faster than the one found at 44 MiB,
+    fits."""
+    if free is None:
+        return []
+    parts, bounds = free
+    out = []
+    # A rank's earlier chunks keep more microbatches in flight: they are the
+    # ones to recompute first (``virtual + 1`` patterns, not ``2 ** virtual``:
+    # GPT-3 175B on 4 x 8, 4 chunks per rank, planned in 29.8 s with all).
+    for lean in range(virtual + 1):
+        pattern = [p < lean for p in range(virtual)]
+        demand = []
+        for j, (part, (a, b)) in enumerate(zip(parts, bounds)):
+            bases, moments, _, _ = part.at(a, b, pattern[j // n])
+            demand.append(max(base + max(moment - (reserve or 0.0), 0.0)
+                              for base, moment in zip(bases, moments)))
+        rank = [sum(demand[r::n]) for r in range(n)]
+        if min(rank) > 0:
+            out.append([d / rank[j % n] for j, d in enumerate(demand)])
+    return out
 
 
 def _describe(chain: Chain, ranges: _Ranges, stages: StageMeshes, bounds, parts,
