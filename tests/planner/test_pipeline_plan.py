@@ -188,6 +188,8 @@ def test_checkpointing_off_keeps_every_stage_from_recomputing():
         with pytest.raises(automap.InfeasibleBudgetError) as err:
             automap.plan(model, inputs, DeviceMesh((4,)), 1.0, checkpointing=mode, **options)
         least[mode] = err.value.smallest_feasible_budget_bytes
+        # The error says what the search allowed its stages.
+        assert ("without stages recomputing" in str(err.value)) == (mode == "off")
     assert least["auto"] < least["off"]
     plan = automap.plan(model, inputs, DeviceMesh((4,)), least["off"], checkpointing="off",
                         **options)

@@ -238,7 +238,6 @@ def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
                 f, b = times[order[i]]
                 unit.forward_s += f
                 unit.backward_s += b
-                saved_before = unit.saved_bytes
                 unit.saved_bytes += float(memory.saved[i])
                 unit.transient_bytes = max(unit.transient_bytes, float(memory.fwd[i]),
                                            float(memory.bwd[i]), float(memory.after[i]))

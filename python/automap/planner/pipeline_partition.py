@@ -485,9 +485,8 @@ def best_partition(chain: Chain, stages: StageMeshes, microbatches: int, schedul
     if ranges.K < n * virtual:
         return None
     best = None
-    splits = _memory_splits(ranges, schedule, microbatches, n, virtual, _free_split(
-        chain, ranges, stages, microbatches, schedule, optimizer, virtual)) \
-        if budget is not None else [(None, None)]
+    splits = _memory_splits(chain, ranges, stages, microbatches, schedule, optimizer,
+                            virtual) if budget is not None else [(None, None)]
     for holdings, reserve in splits:
         found = _best_within(chain, ranges, stages, microbatches, schedule, budget, optimizer,
                              recompute, virtual, shared_slowdown, holdings, reserve)
@@ -512,8 +511,8 @@ def least_budget(chain: Chain, stages: StageMeshes, microbatches: int, schedule:
     n = stages.count
     if ranges.K < n * virtual:
         return None
-    splits = _memory_splits(ranges, schedule, microbatches, n, virtual, _free_split(
-        chain, ranges, stages, microbatches, schedule, optimizer, virtual))
+    splits = _memory_splits(chain, ranges, stages, microbatches, schedule, optimizer,
+                            virtual)
 
     def fits(budget: float) -> bool:
         return any(_least_sum(_stage_matrices(chain, ranges, stages, microbatches, schedule,
@@ -620,12 +619,11 @@ def best_mixed_split(chains: list[Chain], stages: StageMeshes, microbatches: int
     if len({tuple((u.first, u.last, u.repeat) for u in c.units) for c in chains}) != 1:
         return None
     ranges = [_Ranges(c) for c in chains]
-    n, chunks = stages.count, stages.count * virtual
+    chunks = stages.count * virtual
     if ranges[0].K < chunks:
         return None
-    splits = _memory_splits(ranges[0], schedule, microbatches, n, virtual, _free_split(
-        chains[0], ranges[0], stages, microbatches, schedule, optimizer, virtual)) \
-        if budget is not None else [(None, None)]
+    splits = _memory_splits(chains[0], ranges[0], stages, microbatches, schedule, optimizer,
+                            virtual) if budget is not None else [(None, None)]
     best = None
     for holdings, reserve in splits:
         built = [_stage_matrices(c, r, stages, microbatches, schedule, budget, optimizer,
@@ -679,17 +677,19 @@ def rank_peaks(parts: list[tuple[list[float], list[float], float, float]], n: in
     return peaks
 
 
-def _memory_splits(ranges: _Ranges, schedule: str, microbatches: int, n: int, virtual: int,
-                   free=None):
+def _memory_splits(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbatches: int,
+                   schedule: str, optimizer, virtual: int):
     """The ``(holdings, reserve)`` pairs the DP tries (``_stage_matrices``): per
     set of ``holding_sets``, no reserve and, interleaved, a reserve of the
     chain's largest transient with the largest output gradient a running
     chunk receives (what every split's largest moment fits); interleaved,
-    each set also with each set of shares ``_split_shares`` makes of
-    ``free``."""
+    each set also with each set of shares ``_split_shares`` makes of the
+    fastest split without a budget (``_free_split``)."""
+    n = stages.count
     sets = holding_sets(ranges, schedule, microbatches, n, virtual)
     if virtual == 1:
         return [(holdings, None) for holdings in sets]
+    free = _free_split(chain, ranges, stages, microbatches, schedule, optimizer, virtual)
     k = ranges.K
     reserve = float(max(ranges.transient[0, k], ranges.accumulating[0, k])) \
         + ranges.out_grad_max
@@ -701,10 +701,8 @@ def _memory_splits(ranges: _Ranges, schedule: str, microbatches: int, n: int, vi
 
 def _free_split(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbatches: int,
                 schedule: str, optimizer, virtual: int):
-    """Interleaved: the fastest split without a budget, as (its chunks'
-    ``ChunkMemory``, its bounds), for ``_split_shares``; None otherwise."""
-    if virtual == 1:
-        return None
+    """The fastest interleaved split without a budget, as (its chunks'
+    ``ChunkMemory``, its bounds), for ``_split_shares``; None if none."""
     free = _best_within(chain, ranges, stages, microbatches, schedule, None, optimizer, False,
                         virtual, 1.0, None, None)
     if free is None:

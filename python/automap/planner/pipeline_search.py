@@ -241,9 +241,8 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
     budget_text = f"{memory_budget_bytes or 0:.4g}"
     error = InfeasibleBudgetError(
         f"no pipeline of {tried} stages fits a memory budget of {budget_text} bytes per "
-        "device" + (", even with stages recomputing their forward" if recompute else
-                    " without stages recomputing their forward (checkpointing='off')")
-        + "; raise the budget, use more stages or devices", None)
+        "device" + _recomputing(recompute) + "; raise the budget, use more stages or devices",
+        None)
     if least_peak is not None:
         error = _least_error(tried, budget_text, least_peak, "the leanest verified "
                              "pipeline's worst stage with its reserve")
@@ -265,7 +264,7 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
                                        work_s=work_s, name_least=False, recompute=recompute)
 
             fitted, error = _least_named(least, search_at, memory_budget_bytes, tried,
-                                         budget_text, error)
+                                         budget_text, error, recompute)
             if fitted is not None:
                 return fitted
     named = error.smallest_feasible_budget_bytes
@@ -274,6 +273,12 @@ def search_pipeline(prepare: Callable[[int], Microbatched], mesh, memory_budget_
             named is None or (intra_least is not None and intra_least <= named)):
         raise intra_op_error
     raise error
+
+
+def _recomputing(recompute: bool) -> str:
+    """What an error says the search allowed its stages."""
+    return (", even with stages recomputing their forward" if recompute else
+            " without stages recomputing their forward (checkpointing='off')")
 
 
 def _least_error(tried: list[int], budget_text: str, least: float, what: str,
@@ -343,8 +348,8 @@ def _best_split(chain: Chain, stages, microbatches: int, units: int, schedule: s
 
 
 def _least_named(least: float, search_at: Callable[[float], Plan], budget: float,
-                 tried: list[int], budget_text: str, error: InfeasibleBudgetError
-                 ) -> tuple[Plan | None, InfeasibleBudgetError]:
+                 tried: list[int], budget_text: str, error: InfeasibleBudgetError,
+                 recompute: bool) -> tuple[Plan | None, InfeasibleBudgetError]:
     """The pipeline search at the partition model's ``least`` budget and, where
     its simulated step does not fit there, at the least each failed search
     names: (the plan found, if it fits ``budget``; else the error naming that
@@ -370,7 +375,7 @@ def _least_named(least: float, search_at: Callable[[float], Plan], budget: float
             return found, error
         return None, _least_error(tried, budget_text, peak, "the worst stage's simulated peak "
                                   "with its reserve, of the plan the search finds there",
-                                  ", even with stages recomputing their forward")
+                                  _recomputing(recompute))
     return None, error
 
 
