@@ -11,11 +11,15 @@ the same rows again with every budgeted ILP solved by branch and bound (the
 formulation before LP dives, ``exact_columns=inf``); with ``--whole`` the
 same rows again without the search's second family, plans with every parameter
 whole (``search.SEARCH_WHOLE_PARAMETERS=False``, the search before stop 28), and
-the ratios default/without of total time and of predicted step time.
+the ratios default/without of total time and of predicted step time; with
+``--pairs`` the same rows again with one ILP column per (producer spec,
+consumer spec) pair on every edge (``ilp.EDGE_FORMULATION="pairs"``, the
+formulation before flow edges) and the ratios flow/pairs of total time, edge
+variables and predicted step time.
 
     python benches/plan_scale.py [--models gpt2,gpt2-medium,gpt3,llama7b] [--meshes 2x2x2,2x4]
                                  [--budgets 1.0,0.5,0.3] [--reduced] [--exact] [--whole]
-                                 [--json]
+                                 [--pairs] [--json]
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import warnings
 from automap import DeviceMesh, InfeasibleBudgetError, SolverTimeLimitError
 from automap.planner import search
 from automap.planner.search import plan
+from automap.solve import ilp
 from meta_models import gpt2_lm, gpt3, llama7b, peak_rss_bytes
 
 FLOPS_PER_S, MEMORY_BANDWIDTH, OP_OVERHEAD_S = 1e14, 1e12, 5e-6
@@ -58,8 +63,9 @@ def mesh_of(text: str) -> DeviceMesh:
 
 def row(model, inputs, mesh, budget, kind: str, reduce_depth: bool) -> dict:
     """One plan; ``kind``: "new" (the default formulation), "reduced"
-    (multi-input followers), "exact" (branch and bound under every budget) or
-    "whole" (the default without the whole-parameter family)."""
+    (multi-input followers), "exact" (branch and bound under every budget),
+    "whole" (the default without the whole-parameter family) or "pairs" (a
+    column per spec pair on every edge)."""
     start = time.perf_counter()
     options = dict(flops_per_s=FLOPS_PER_S, memory_bandwidth_bytes_per_s=MEMORY_BANDWIDTH,
                    op_overhead_s=OP_OVERHEAD_S, reduce_depth=reduce_depth)
@@ -68,12 +74,14 @@ def row(model, inputs, mesh, budget, kind: str, reduce_depth: bool) -> dict:
     if kind == "reduced":
         options["reduce_formulation"] = True
     search.SEARCH_WHOLE_PARAMETERS = kind != "whole"
+    ilp.EDGE_FORMULATION = "pairs" if kind == "pairs" else "flow"
     try:
         p = plan(model, inputs, mesh, budget, **options)
     except (InfeasibleBudgetError, SolverTimeLimitError) as err:
         return {"error": type(err).__name__, "total_s": time.perf_counter() - start}
     finally:
         search.SEARCH_WHOLE_PARAMETERS = True
+        ilp.EDGE_FORMULATION = "flow"
     s = p.solver
     return {"total_s": time.perf_counter() - start, "trace_s": s["trace_s"],
             "strategies_s": s["strategies_s"], "solve_s": s["solve_s"],
@@ -98,6 +106,8 @@ def main() -> None:
                         help="also solve every budgeted ILP by branch and bound")
     parser.add_argument("--whole", action="store_true",
                         help="also plan without the search's whole-parameter family")
+    parser.add_argument("--pairs", action="store_true",
+                        help="also plan with a column per spec pair on every edge")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -114,14 +124,14 @@ def main() -> None:
                 budget = fraction * free.predicted_peak_memory_bytes
                 result = {"model": name, "mesh": mesh_text, "budget_x": fraction,
                           "new": row(model, inputs, mesh, budget, "new", reduce_depth)}
-                for kind in ("reduced", "exact", "whole"):
+                for kind in ("reduced", "exact", "whole", "pairs"):
                     if getattr(args, kind):
                         result[kind] = row(model, inputs, mesh, budget, kind, reduce_depth)
                 result["peak_rss_gib"] = peak_rss_bytes() / 2**30
                 if args.json:
                     print(json.dumps(result), flush=True)
                     continue
-                for kind in ("new", "reduced", "exact", "whole"):
+                for kind in ("new", "reduced", "exact", "whole", "pairs"):
                     r = result.get(kind)
                     if r is None:
                         continue
@@ -147,6 +157,12 @@ def main() -> None:
                     print(f"{name:12} {mesh_text:6} {fraction:4.2f}x new/without whole: total "
                           f"{old['total_s'] / without['total_s']:.2f}x, step "
                           f"{old['step_ms'] / without['step_ms']:.4f}x", flush=True)
+                pairs = result.get("pairs")
+                if pairs is not None and "error" not in pairs and "error" not in old:
+                    print(f"{name:12} {mesh_text:6} {fraction:4.2f}x flow/pairs: total "
+                          f"{old['total_s'] / pairs['total_s']:.2f}x, edge vars "
+                          f"{old['edge_variables'] / max(pairs['edge_variables'], 1):.3f}x, step "
+                          f"{old['step_ms'] / pairs['step_ms']:.4f}x", flush=True)
                 new = result.get("reduced")
                 if new is not None and "error" not in new and "error" not in old:
                     print(f"{name:12} {mesh_text:6} {fraction:4.2f}x reduced/new: total "

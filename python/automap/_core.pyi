@@ -20,6 +20,7 @@ __all__ = [
     "linearize",
     "reshape_strategies",
     "resharding_costs",
+    "conversion_network",
     "RotorSchedule",
     "solve_rotor",
 ]
@@ -203,6 +204,13 @@ def resharding_costs(
     shape: Sequence[int],
     dtype_bytes: int = 4,
 ) -> tuple[bytes, bytes]: ...
+def conversion_network(
+    mesh: Any,
+    srcs: Sequence[ShardingSpec | str],
+    dsts: Sequence[ShardingSpec | str],
+    shape: Sequence[int],
+    dtype_bytes: int = 4,
+) -> tuple[int, bytes, bytes, bytes, bytes, bytes]: ...
 def einsum_strategies(
     mesh: Any,
     flops_per_s: float,

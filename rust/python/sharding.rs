@@ -1,12 +1,14 @@
 //! Bindings of `crate::sharding`: meshes, specs, layout paths and costs,
 //! spec enumeration, the layout cache.
 
+use std::sync::Arc;
+
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::{count_arg, counts_arg, invalid_argument, IntoPyResult};
 use crate::sharding::layout::cache::{cache_stats, clear_layout_cache};
-use crate::sharding::layout::{heuristic, layout_context, LayoutProblem};
+use crate::sharding::layout::{heuristic, layout_context, LayoutContext, LayoutProblem};
 use crate::sharding::mesh::{Collective, DeviceMesh};
 use crate::sharding::spec::ShardingSpec;
 
@@ -19,6 +21,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPath>()?;
     m.add_function(wrap_pyfunction!(layout_path, m)?)?;
     m.add_function(wrap_pyfunction!(resharding_costs, m)?)?;
+    m.add_function(wrap_pyfunction!(conversion_network, m)?)?;
     m.add_function(wrap_pyfunction!(enumerate_specs, m)?)?;
     m.add_function(wrap_pyfunction!(layout_cache_stats, m)?)?;
     m.add_function(wrap_pyfunction!(py_clear_layout_cache, m)?)?;
@@ -506,6 +509,22 @@ fn layout_path(
     }
 }
 
+/// The layout context and native specs of a (srcs x dsts) question.
+fn pair_arguments(
+    mesh: &Bound<'_, PyAny>,
+    srcs: &[Bound<'_, PyAny>],
+    dsts: &[Bound<'_, PyAny>],
+    shape: &Bound<'_, PyAny>,
+    dtype_bytes: i64,
+) -> PyResult<(Arc<LayoutContext>, Vec<ShardingSpec>, Vec<ShardingSpec>)> {
+    let mesh = native_mesh(mesh)?;
+    let srcs = srcs.iter().map(native_spec).collect::<PyResult<Vec<_>>>()?;
+    let dsts = dsts.iter().map(native_spec).collect::<PyResult<Vec<_>>>()?;
+    let shape = counts_arg("shape", shape)?;
+    let ctx = layout_context(&mesh, &shape, dtype_bytes_arg(dtype_bytes)?).py()?;
+    Ok((ctx, srcs, dsts))
+}
+
 /// Forward and backward seconds of every (src, dst) pair, as two row-major
 /// float64 buffers (the Python side views them as numpy arrays).
 #[pyfunction]
@@ -518,16 +537,57 @@ fn resharding_costs<'py>(
     shape: &Bound<'py, PyAny>,
     dtype_bytes: i64,
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
-    let mesh = native_mesh(mesh)?;
-    let srcs = srcs.iter().map(native_spec).collect::<PyResult<Vec<_>>>()?;
-    let dsts = dsts.iter().map(native_spec).collect::<PyResult<Vec<_>>>()?;
-    let shape = counts_arg("shape", shape)?;
-    let ctx = layout_context(&mesh, &shape, dtype_bytes_arg(dtype_bytes)?).py()?;
+    let (ctx, srcs, dsts) = pair_arguments(mesh, &srcs, &dsts, shape, dtype_bytes)?;
     let m = py.detach(|| ctx.cost_matrix(&srcs, &dsts)).py()?;
     let as_bytes = |v: &[f64]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
     Ok((
         PyBytes::new(py, &as_bytes(&m.forward_s)),
         PyBytes::new(py, &as_bytes(&m.backward_s)),
+    ))
+}
+
+/// The optimal paths of every (src, dst) pair as one network: (number of
+/// specs, positions of `srcs`, positions of `dsts`, arc tails, arc heads as
+/// u32 buffers, arc seconds as an f64 buffer).
+#[pyfunction]
+#[pyo3(signature = (mesh, srcs, dsts, shape, dtype_bytes = 4))]
+#[allow(clippy::type_complexity)]
+fn conversion_network<'py>(
+    py: Python<'py>,
+    mesh: &Bound<'py, PyAny>,
+    srcs: Vec<Bound<'py, PyAny>>,
+    dsts: Vec<Bound<'py, PyAny>>,
+    shape: &Bound<'py, PyAny>,
+    dtype_bytes: i64,
+) -> PyResult<(
+    usize,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+)> {
+    let (ctx, srcs, dsts) = pair_arguments(mesh, &srcs, &dsts, shape, dtype_bytes)?;
+    let net = py.detach(|| ctx.conversion_network(&srcs, &dsts)).py()?;
+    let u32s = |v: &[u32]| {
+        PyBytes::new(
+            py,
+            &v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>(),
+        )
+    };
+    let f64s = |v: &[f64]| {
+        PyBytes::new(
+            py,
+            &v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>(),
+        )
+    };
+    Ok((
+        net.num_specs,
+        u32s(&net.src_pos),
+        u32s(&net.dst_pos),
+        u32s(&net.arc_from),
+        u32s(&net.arc_to),
+        f64s(&net.arc_cost_s),
     ))
 }
 

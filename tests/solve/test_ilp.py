@@ -433,3 +433,20 @@ def test_a_dive_stops_where_it_cannot_beat_a_known_plan(seed, monkeypatch):
     monkeypatch.setattr(ilp, "_run", lambda *a, **k: runs.append(1))
     assert ilp._dive(model, model.relaxed, np.zeros(model.lp.num_col_), root) is None
     assert not runs
+
+
+def test_a_highs_scheduler_started_elsewhere_in_the_process_does_not_stop_the_solve():
+    """HiGHS keeps one thread scheduler per process; one started by another
+    highspy user with its default threads made every automap solve return
+    "Not Set" (raised as a time limit) until the scheduler was reset."""
+    import highspy
+
+    highspy.Highs.resetGlobalScheduler(True)  # as in a fresh process
+    other = highspy.Highs()
+    other.setOptionValue("output_flag", False)
+    other.setOptionValue("threads", 2)
+    other.addVars(1, np.zeros(1), np.ones(1))
+    other.run()
+    assert other.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    table = _random_table(random.Random(0), DeviceMesh((4,)))
+    assert ShardingIlp(table).solve(None).status == "Optimal"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,7 +20,9 @@ if TYPE_CHECKING:
 __all__ = [
     "LayoutPath",
     "LayoutStep",
+    "ConversionNetwork",
     "clear_layout_cache",
+    "conversion_network",
     "layout_cache_stats",
     "layout_path",
     "resharding_cost_matrix",
@@ -63,6 +66,35 @@ def resharding_cost_matrix(
     if component == "backward":
         return backward.copy()
     return forward + backward
+
+
+@dataclass(frozen=True)
+class ConversionNetwork:
+    """The optimal paths between two lists of specs as one network: specs are
+    numbered ``0 .. num_specs - 1`` (``src_pos`` / ``dst_pos`` give each
+    source's and target's number); arc ``k`` is one single step from spec
+    ``arc_from[k]`` to ``arc_to[k]`` costing ``arc_cost_s[k]`` (forward +
+    backward). The cheapest path between a source and a target in it costs
+    what ``resharding_cost_matrix`` says (``solve.ilp``'s flow edges)."""
+
+    num_specs: int
+    src_pos: np.ndarray
+    dst_pos: np.ndarray
+    arc_from: np.ndarray
+    arc_to: np.ndarray
+    arc_cost_s: np.ndarray
+
+
+def conversion_network(mesh: DeviceMesh, srcs: Sequence[ShardingSpec | str],
+                       dsts: Sequence[ShardingSpec | str], shape: Sequence[int],
+                       dtype_bytes: int = 4) -> ConversionNetwork:
+    """The network of one optimal path per (src, dst) pair (see
+    ``ConversionNetwork``)."""
+    n, src, dst, tail, head, cost = _core.conversion_network(
+        mesh, _specs(srcs, "srcs"), _specs(dsts, "dsts"), shape, _dtype_bytes(dtype_bytes))
+    u32 = lambda buf: np.frombuffer(buf, dtype=np.uint32).astype(np.int64)  # noqa: E731
+    return ConversionNetwork(n, u32(src), u32(dst), u32(tail), u32(head),
+                             np.frombuffer(cost, dtype=np.float64).copy())
 
 
 def _dtype_bytes(value: object) -> int:

@@ -36,9 +36,15 @@ from functools import cached_property
 import highspy
 import numpy as np
 
-from automap.errors import InfeasibleBudgetError, SolverTimeLimitError
+from automap.errors import InfeasibleBudgetError, InvalidArgumentError, SolverTimeLimitError
 from automap.progress import stage
-from automap.sharding.layout import resharding_cost_matrix
+from automap.sharding.layout import ConversionNetwork, conversion_network, resharding_cost_matrix
+from automap.solve.flow_edges import (
+    ClassCoupling,
+    add_class_coupling,
+    add_flow_edge,
+    class_coupling,
+)
 from automap.solve.memory import (
     edge_memory,
     estimate_memory,
@@ -232,6 +238,23 @@ def _load(lp: highspy.HighsLp, time_limit_s: float, mip_rel_gap: float, relax: b
 #: above it HiGHS's MIP takes minutes (GPT-2 small on (2,2,2): 215 k columns,
 #: no feasible plan in 120 s) and LP dives take seconds.
 EXACT_COLUMNS = 20_000
+
+#: How an edge between two nodes of several strategies each is priced:
+#: "flow" (default) routes its conversions through the network of their
+#: optimal paths' single steps and, under a budget, counts their buffers by
+#: shard-count class (``solve/flow_edges.py``: the same plans from a column
+#: per step and class pair instead of one per spec pair; where the network is
+#: no smaller, or the buffers depend on the specs themselves, the edge keeps
+#: pairs); "pairs" is one column per (producer spec, consumer spec) pair
+#: everywhere (the formulation before issue 15's flow edges).
+EDGE_FORMULATIONS = ("flow", "pairs")
+EDGE_FORMULATION = "flow"  # ShardingIlp's default (benches compare the two)
+
+#: Under a budget, an edge takes flow columns only where they are this many
+#: times fewer than its pairs: the class coupling relaxes memory and time
+#: apart, and on GPT-2 small on (2,4) (blocks of about 9 x 9 pairs, 3x fewer
+#: columns) the budgeted LPs took 1.8x the simplex iterations of pairs.
+BUDGETED_FLOW_SHRINK = 4.0
 #: A dive fixes at most this many roots, tries this many strategies per
 #: root, and gives up after this many fixes that made the LP infeasible
 #: (near the least budget each such proof costs a slow LP solve).
@@ -319,7 +342,12 @@ class ShardingIlp:
                  blocks: list | None = None, node_weight: dict[str, float] | None = None,
                  edge_weight: dict[tuple, float] | None = None,
                  optimizer: str = "adamw", exact_columns: float = EXACT_COLUMNS,
-                 reduce_formulation: bool = False) -> None:
+                 reduce_formulation: bool = False, edge_formulation: str | None = None
+                 ) -> None:
+        edge_formulation = EDGE_FORMULATION if edge_formulation is None else edge_formulation
+        if edge_formulation not in EDGE_FORMULATIONS:
+            raise InvalidArgumentError(f"edge_formulation must be one of {EDGE_FORMULATIONS}, "
+                                       f"got {edge_formulation!r}")
         self.table = table
         self.time_limit_s, self.mip_rel_gap = float(time_limit_s), float(mip_rel_gap)
         self.optimizer = optimizer
@@ -351,6 +379,10 @@ class ShardingIlp:
         #: costs (a model's repeated blocks and both builds ask the same).
         self._edge_specs: dict[tuple, tuple] = {}
         self._edge_memory: dict[tuple, tuple | None] = {}  # likewise their bytes
+        #: Per question, its flow network or None (``_network``).
+        self._networks: dict[tuple, ConversionNetwork | None] = {}
+        self._couplings: dict[tuple, ClassCoupling] = {}
+        self.edge_formulation = edge_formulation
 
     def solve(self, memory_budget_bytes: float | None = None, *, find_least: bool = True
               ) -> IlpSolution:
@@ -536,7 +568,13 @@ class ShardingIlp:
         h.setOptionValue("time_limit", end_s)
         h.setOptionValue("simplex_iteration_limit",
                          _NO_ITERATION_LIMIT if iterations is None else int(iterations))
-        h.run()
+        if h.run() == highspy.HighsStatus.kError and \
+                h.getModelStatus() == highspy.HighsModelStatus.kNotset:
+            # HiGHS's thread scheduler is one per process: where another user
+            # of highspy started it with other threads than our one, HiGHS
+            # refuses to run (saying so only in its muted log).
+            highspy.Highs.resetGlobalScheduler(True)
+            h.run()
         for fresh in (False, True):
             if h.getModelStatus() not in _UNDECIDED or h.getRunTime() >= end_s:
                 break
@@ -816,6 +854,27 @@ class ShardingIlp:
         self._least_plan = plan
         return max(peak, least)
 
+    def _network(self, question: tuple):
+        """The flow network of an edge's conversions (``conversion_network``)
+        where it has fewer arcs and specs than the transport block has pair
+        variables and rows; None where it does not (kept per question)."""
+        if question not in self._networks:
+            ua, _, ub, _, r = self._edge_specs[question]
+            net = conversion_network(self.table.mesh, list(ua), list(ub), question[2],
+                                     question[3])
+            smaller = len(net.arc_cost_s) + net.num_specs < r.size + len(ua) + len(ub)
+            self._networks[question] = net if smaller else None
+        return self._networks[question]
+
+    def _coupling(self, question: tuple, shard_count) -> ClassCoupling:
+        """The shard-count classes of an edge's specs (kept per question)."""
+        if question not in self._couplings:
+            ua, _, ub, _, _ = self._edge_specs[question]
+            self._couplings[question] = class_coupling(
+                np.array([float(shard_count(s)) for s in ua]),
+                np.array([float(shard_count(s)) for s in ub]), list(ua), list(ub))
+        return self._couplings[question]
+
     def _compute_cost(self, model: _Model) -> np.ndarray:
         """Per column, the compute seconds (no communication: they do not
         depend on the links) its strategy costs, depth-weighted."""
@@ -916,10 +975,15 @@ class ShardingIlp:
             else:
                 # Tied instances repeat the same edge: one block, costs summed.
                 key = (ru, rv, a_idx.tobytes(), b_idx.tobytes())
+                w = ew.get((producer, o, consumer, k), 1.0)
                 if key in edge_blocks:
                     edge_blocks[key][4] += r
+                    if edge_blocks[key][5] is not None and edge_blocks[key][5][0] == question:
+                        edge_blocks[key][5][1] += w
+                    else:
+                        edge_blocks[key][5] = None
                 else:
-                    edge_blocks[key] = [ru, a_idx, rv, b_idx, r]
+                    edge_blocks[key] = [ru, a_idx, rv, b_idx, r, [question, w]]
                 if forbid is not None:
                     banned_pairs[key] = banned_pairs.get(key, False) | forbid
             if mem is not None:
@@ -935,8 +999,32 @@ class ShardingIlp:
 
         num_edge_vars = 0
         edge_cols: dict[tuple, np.ndarray] = {}
-        for key, (producer, a_idx, consumer, b_idx, r) in edge_blocks.items():
+        couplings: dict[tuple, ClassCoupling] = {}
+        memory_of: dict[tuple, list] = {}  # edge block -> its memory matrices
+        for term in (memory.edge_terms if memory is not None else ()):
+            if term[5] is not None:
+                memory_of.setdefault(term[5], []).extend(m for m in term[6] if m.any())
+        for key, (producer, a_idx, consumer, b_idx, r, flow) in edge_blocks.items():
             na, nb = r.shape
+            net = coupling = None
+            if self.edge_formulation == "flow" and flow is not None and key not in banned_pairs:
+                net = self._network(flow[0])
+            if net is not None and key in memory_of:
+                coupling = self._coupling(flow[0], memory.shard_count)
+                flow_columns = (len(net.arc_cost_s) + coupling.num_a * coupling.num_b
+                                + len(coupling.same_a))
+                if flow_columns * BUDGETED_FLOW_SHRINK > r.size or any(
+                        coupling.coefficients(m) is None for m in memory_of[key]):
+                    net = None  # a small block, or buffers that depend on the specs
+            if net is not None:
+                num_edge_vars += add_flow_edge(b, net, flow[1], cols[producer], a_idx,
+                                               cols[consumer], b_idx)
+                if coupling is not None:
+                    edge_cols[key] = add_class_coupling(b, coupling, cols[producer], a_idx,
+                                                        cols[consumer], b_idx)
+                    couplings[key] = coupling
+                    num_edge_vars += len(edge_cols[key])
+                continue
             ecols = b.columns(r.ravel(), integer=False, upper=_allowed(banned_pairs.get(key)))
             edge_cols[key] = ecols
             num_edge_vars += len(ecols)
@@ -963,7 +1051,8 @@ class ShardingIlp:
         floor = _state_floor(table, index, nw)
         mem_unit = _memory_unit(floor, memory_budget_bytes)
         if memory is not None:
-            budget_col = memory.build(b, members, root, index, cols, edge_cols, nw, mem_unit,
+            budget_col = memory.build(b, members, root, index, cols, edge_cols, couplings, nw,
+                                      mem_unit,
                                       MEMORY_QUANTUM * max(1.0, floor))
         lp = b.lp()
         # Costs in microseconds: HiGHS's tolerances are absolute, step times small.
@@ -1083,7 +1172,7 @@ class _MemoryRows:
         self._terms: dict[tuple, int] = {}  # distinct term -> its variable
         self.limit_rows: list[int] = []  # the rows bounded by the budget
 
-    def build(self, b: _Builder, members, root, index, cols, edge_cols, nw, unit,
+    def build(self, b: _Builder, members, root, index, cols, edge_cols, couplings, nw, unit,
               quantum_bytes) -> int:
         nodes, line = self.table.nodes, self.line
         n = len(line)
@@ -1146,6 +1235,9 @@ class _MemoryRows:
                     m = m * w
                 if ru == rv:
                     add(kind, i, ru, m[a_idx, b_idx])
+                elif key in couplings:  # flow edges: buffers by shard-count class
+                    terms[kind][i].append(self._shared(b, edge_cols[key],
+                                                       units(couplings[key].coefficients(m))))
                 elif key is not None:
                     terms[kind][i].append(self._shared(b, edge_cols[key], units(m.ravel())))
                 elif m.shape == (1, 1):
