@@ -999,7 +999,9 @@ class ShardingIlp:
 
         num_edge_vars = 0
         edge_cols: dict[tuple, np.ndarray] = {}
-        couplings: dict[tuple, ClassCoupling] = {}
+        #: Flow edge blocks under a budget: id of each memory matrix -> its
+        #: coefficients on the block's class-coupling columns.
+        couplings: dict[tuple, dict[int, np.ndarray]] = {}
         memory_of: dict[tuple, list] = {}  # edge block -> its memory matrices
         for term in (memory.edge_terms if memory is not None else ()):
             if term[5] is not None:
@@ -1009,12 +1011,14 @@ class ShardingIlp:
             net = coupling = None
             if self.edge_formulation == "flow" and flow is not None and key not in banned_pairs:
                 net = self._network(flow[0])
+            coefs = None
             if net is not None and key in memory_of:
                 coupling = self._coupling(flow[0], memory.shard_count)
                 flow_columns = (len(net.arc_cost_s) + coupling.num_a * coupling.num_b
                                 + len(coupling.same_a))
-                if flow_columns * BUDGETED_FLOW_SHRINK > r.size or any(
-                        coupling.coefficients(m) is None for m in memory_of[key]):
+                if flow_columns * BUDGETED_FLOW_SHRINK <= r.size:
+                    coefs = {id(m): coupling.coefficients(m) for m in memory_of[key]}
+                if coefs is None or any(c is None for c in coefs.values()):
                     net = None  # a small block, or buffers that depend on the specs
             if net is not None:
                 num_edge_vars += add_flow_edge(b, net, flow[1], cols[producer], a_idx,
@@ -1022,7 +1026,7 @@ class ShardingIlp:
                 if coupling is not None:
                     edge_cols[key] = add_class_coupling(b, coupling, cols[producer], a_idx,
                                                         cols[consumer], b_idx)
-                    couplings[key] = coupling
+                    couplings[key] = coefs
                     num_edge_vars += len(edge_cols[key])
                 continue
             ecols = b.columns(r.ravel(), integer=False, upper=_allowed(banned_pairs.get(key)))
@@ -1228,16 +1232,15 @@ class _MemoryRows:
         for consumer, ru, a_idx, rv, b_idx, key, matrices in self.edge_terms:
             i = line.position[consumer]
             w = nw.get(consumer, 1.0)
-            for kind, m in zip(("fwd", "bwd", "after", "saved"), matrices):
-                if not m.any():
+            for kind, matrix in zip(("fwd", "bwd", "after", "saved"), matrices):
+                if not matrix.any():
                     continue
-                if kind == "saved":
-                    m = m * w
+                m = matrix * w if kind == "saved" else matrix
                 if ru == rv:
                     add(kind, i, ru, m[a_idx, b_idx])
                 elif key in couplings:  # flow edges: buffers by shard-count class
-                    terms[kind][i].append(self._shared(b, edge_cols[key],
-                                                       units(couplings[key].coefficients(m))))
+                    coef = couplings[key][id(matrix)] * (w if kind == "saved" else 1.0)
+                    terms[kind][i].append(self._shared(b, edge_cols[key], units(coef)))
                 elif key is not None:
                     terms[kind][i].append(self._shared(b, edge_cols[key], units(m.ravel())))
                 elif m.shape == (1, 1):
