@@ -14,12 +14,14 @@ whole (``search.SEARCH_WHOLE_PARAMETERS=False``, the search before stop 28), and
 the ratios default/without of total time and of predicted step time; with
 ``--pairs`` the same rows again with one ILP column per (producer spec,
 consumer spec) pair on every edge (``ilp.EDGE_FORMULATION="pairs"``, the
-formulation before flow edges) and the ratios flow/pairs of total time, edge
-variables and predicted step time.
+formulation before flow edges) and the ratios default/pairs of total time, edge
+variables and predicted step time; with ``--flow-memory`` the same rows again
+with flow edges under budgets too (``"flow-memory"``) and the ratios
+flow-memory/default.
 
     python benches/plan_scale.py [--models gpt2,gpt2-medium,gpt3,llama7b] [--meshes 2x2x2,2x4]
                                  [--budgets 1.0,0.5,0.3] [--reduced] [--exact] [--whole]
-                                 [--pairs] [--json]
+                                 [--pairs] [--flow-memory] [--json]
 """
 
 from __future__ import annotations
@@ -64,8 +66,9 @@ def mesh_of(text: str) -> DeviceMesh:
 def row(model, inputs, mesh, budget, kind: str, reduce_depth: bool) -> dict:
     """One plan; ``kind``: "new" (the default formulation), "reduced"
     (multi-input followers), "exact" (branch and bound under every budget),
-    "whole" (the default without the whole-parameter family) or "pairs" (a
-    column per spec pair on every edge)."""
+    "whole" (the default without the whole-parameter family), "pairs" (a
+    column per spec pair on every edge) or "flow_memory" (flow edges under
+    budgets too)."""
     start = time.perf_counter()
     options = dict(flops_per_s=FLOPS_PER_S, memory_bandwidth_bytes_per_s=MEMORY_BANDWIDTH,
                    op_overhead_s=OP_OVERHEAD_S, reduce_depth=reduce_depth)
@@ -74,7 +77,7 @@ def row(model, inputs, mesh, budget, kind: str, reduce_depth: bool) -> dict:
     if kind == "reduced":
         options["reduce_formulation"] = True
     search.SEARCH_WHOLE_PARAMETERS = kind != "whole"
-    ilp.EDGE_FORMULATION = "pairs" if kind == "pairs" else "flow"
+    ilp.EDGE_FORMULATION = {"pairs": "pairs", "flow_memory": "flow-memory"}.get(kind, "flow")
     try:
         p = plan(model, inputs, mesh, budget, **options)
     except (InfeasibleBudgetError, SolverTimeLimitError) as err:
@@ -108,6 +111,8 @@ def main() -> None:
                         help="also plan without the search's whole-parameter family")
     parser.add_argument("--pairs", action="store_true",
                         help="also plan with a column per spec pair on every edge")
+    parser.add_argument("--flow-memory", action="store_true",
+                        help="also plan with flow edges under budgets too")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -124,14 +129,14 @@ def main() -> None:
                 budget = fraction * free.predicted_peak_memory_bytes
                 result = {"model": name, "mesh": mesh_text, "budget_x": fraction,
                           "new": row(model, inputs, mesh, budget, "new", reduce_depth)}
-                for kind in ("reduced", "exact", "whole", "pairs"):
+                for kind in ("reduced", "exact", "whole", "pairs", "flow_memory"):
                     if getattr(args, kind):
                         result[kind] = row(model, inputs, mesh, budget, kind, reduce_depth)
                 result["peak_rss_gib"] = peak_rss_bytes() / 2**30
                 if args.json:
                     print(json.dumps(result), flush=True)
                     continue
-                for kind in ("new", "reduced", "exact", "whole", "pairs"):
+                for kind in ("new", "reduced", "exact", "whole", "pairs", "flow_memory"):
                     r = result.get(kind)
                     if r is None:
                         continue
@@ -159,10 +164,15 @@ def main() -> None:
                           f"{old['step_ms'] / without['step_ms']:.4f}x", flush=True)
                 pairs = result.get("pairs")
                 if pairs is not None and "error" not in pairs and "error" not in old:
-                    print(f"{name:12} {mesh_text:6} {fraction:4.2f}x flow/pairs: total "
+                    print(f"{name:12} {mesh_text:6} {fraction:4.2f}x new/pairs: total "
                           f"{old['total_s'] / pairs['total_s']:.2f}x, edge vars "
                           f"{old['edge_variables'] / max(pairs['edge_variables'], 1):.3f}x, step "
                           f"{old['step_ms'] / pairs['step_ms']:.4f}x", flush=True)
+                both = result.get("flow_memory")
+                if both is not None and "error" not in both and "error" not in old:
+                    print(f"{name:12} {mesh_text:6} {fraction:4.2f}x flow-memory/new: total "
+                          f"{both['total_s'] / old['total_s']:.2f}x, step "
+                          f"{both['step_ms'] / old['step_ms']:.4f}x", flush=True)
                 new = result.get("reduced")
                 if new is not None and "error" not in new and "error" not in old:
                     print(f"{name:12} {mesh_text:6} {fraction:4.2f}x reduced/new: total "

@@ -1,4 +1,5 @@
-"""The ILP's flow edges (``ShardingIlp(edge_formulation="flow")``, issue 15):
+"""The ILP's flow edges (``ShardingIlp(edge_formulation="flow")``, and
+``"flow-memory"`` under a budget; issue 15):
 an edge's conversions routed through the network of its optimal paths' single
 steps price every (fractional) choice of the two nodes' strategies as the
 transport block of spec pairs does, so the unconstrained optimum is the
@@ -131,7 +132,7 @@ def _wide_table(rng: random.Random) -> StrategyTable:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("seed", range(8))
-def test_under_a_budget_flow_edges_have_the_exact_optimum_of_pair_edges(seed, monkeypatch):
+def test_under_a_budget_flow_memory_edges_have_the_exact_optimum_of_pair_edges(seed, monkeypatch):
     """Branch and bound on both formulations (no dives): the same optimum, or
     the same infeasibility and least budget, the flow build from fewer edge
     columns (its activation edges' buffers counted by shard-count class)."""
@@ -143,7 +144,7 @@ def test_under_a_budget_flow_edges_have_the_exact_optimum_of_pair_edges(seed, mo
     free = ShardingIlp(table, merge_followers=False).solve(None).peak_memory_bytes
     budget = free * rng.uniform(0.3, 1.0)
     got = {}
-    for form in ("pairs", "flow"):
+    for form in ("pairs", "flow-memory"):
         ilp = ShardingIlp(table, merge_followers=False, exact_columns=math.inf,
                           edge_formulation=form)
         try:
@@ -152,9 +153,10 @@ def test_under_a_budget_flow_edges_have_the_exact_optimum_of_pair_edges(seed, mo
             assert sol.peak_memory_bytes <= budget * (1 + 1e-6)
         except InfeasibleBudgetError as err:
             got[form] = ("infeasible", err.smallest_feasible_budget_bytes)
-    if got["pairs"][0] == "infeasible":
-        assert got["flow"][0] == "infeasible"
-        assert got["flow"][1] == pytest.approx(got["pairs"][1], rel=1e-6)
+    flow, pairs = got["flow-memory"], got["pairs"]
+    if pairs[0] == "infeasible":
+        assert flow[0] == "infeasible"
+        assert flow[1] == pytest.approx(pairs[1], rel=1e-6)
         return
-    assert got["flow"][0] == pytest.approx(got["pairs"][0], rel=1e-5)
-    assert got["flow"][1] < got["pairs"][1]
+    assert flow[0] == pytest.approx(pairs[0], rel=1e-5)
+    assert flow[1] < pairs[1]

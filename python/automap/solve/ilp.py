@@ -173,6 +173,10 @@ class _Model:
     #: Entries of the constraint matrix (highspy copies ``a_matrix_.value_``
     #: into a Python list on every read: 0.08 s on GPT-2 small (2,2,2)).
     nonzeros: int = 0
+    #: Columns with a pair column per spec pair on every edge: what decides
+    #: branch and bound against dives (``exact_columns`` was measured on
+    #: that formulation; flow edges leave the choice as it was).
+    pair_columns: int = 0
     relaxed: highspy.Highs | None = None
     #: The budget whose optimal relaxation ``relaxed`` holds (None: none).
     relaxed_at: float | None = None
@@ -241,16 +245,20 @@ EXACT_COLUMNS = 20_000
 
 #: How an edge between two nodes of several strategies each is priced:
 #: "flow" (default) routes its conversions through the network of their
-#: optimal paths' single steps and, under a budget, counts their buffers by
-#: shard-count class (``solve/flow_edges.py``: the same plans from a column
-#: per step and class pair instead of one per spec pair; where the network is
-#: no smaller, or the buffers depend on the specs themselves, the edge keeps
-#: pairs); "pairs" is one column per (producer spec, consumer spec) pair
-#: everywhere (the formulation before issue 15's flow edges).
-EDGE_FORMULATIONS = ("flow", "pairs")
-EDGE_FORMULATION = "flow"  # ShardingIlp's default (benches compare the two)
+#: optimal paths' single steps where the build has no memory rows
+#: (``solve/flow_edges.py``: a column per step instead of one per spec pair;
+#: the same LP value, so the same optimum); "flow-memory" does so under a
+#: budget too, counting the conversions' buffers by shard-count class (the
+#: same integral plans, a looser relaxation: LP dives take other paths, and
+#: on the test BERT on (2,2,2) at 0.5x the plan was 0.36 % slower, while
+#: GPT-2 small on (2,2,4) planned in half the HiGHS time); "pairs" is one
+#: column per (producer spec, consumer spec) pair everywhere (the
+#: formulation before flow edges). Where the network is no smaller, or an
+#: edge's buffers depend on the specs themselves, the edge keeps pairs.
+EDGE_FORMULATIONS = ("flow", "flow-memory", "pairs")
+EDGE_FORMULATION = "flow"  # ShardingIlp's default (benches compare them)
 
-#: Under a budget, an edge takes flow columns only where they are this many
+#: Under a budget ("flow-memory"), an edge takes flow columns only where they are this many
 #: times fewer than its pairs: the class coupling relaxes memory and time
 #: apart, and on GPT-2 small on (2,4) (blocks of about 9 x 9 pairs, 3x fewer
 #: columns) the budgeted LPs took 1.8x the simplex iterations of pairs.
@@ -492,7 +500,7 @@ class ShardingIlp:
         return self._least_bound_bytes
 
     def _exact(self, model: _Model) -> bool:
-        return model.lp.num_col_ <= self.exact_columns
+        return max(model.pair_columns, model.lp.num_col_) <= self.exact_columns
 
     def _solve_unconstrained(self, model: _Model):
         """The optimum: the LP relaxation where it is integral, else branch
@@ -997,7 +1005,7 @@ class ShardingIlp:
             else:
                 constant_s += float(group_cost[r][0])
 
-        num_edge_vars = 0
+        num_edge_vars = pairs_replaced = 0
         edge_cols: dict[tuple, np.ndarray] = {}
         #: Flow edge blocks under a budget: id of each memory matrix -> its
         #: coefficients on the block's class-coupling columns.
@@ -1009,7 +1017,9 @@ class ShardingIlp:
         for key, (producer, a_idx, consumer, b_idx, r, flow) in edge_blocks.items():
             na, nb = r.shape
             net = coupling = None
-            if self.edge_formulation == "flow" and flow is not None and key not in banned_pairs:
+            flows = self.edge_formulation == "flow-memory" or (
+                self.edge_formulation == "flow" and memory is None)
+            if flows and flow is not None and key not in banned_pairs:
                 net = self._network(flow[0])
             coefs = None
             if net is not None and key in memory_of:
@@ -1021,13 +1031,15 @@ class ShardingIlp:
                 if coefs is None or any(c is None for c in coefs.values()):
                     net = None  # a small block, or buffers that depend on the specs
             if net is not None:
-                num_edge_vars += add_flow_edge(b, net, flow[1], cols[producer], a_idx,
-                                               cols[consumer], b_idx)
+                flow_vars = add_flow_edge(b, net, flow[1], cols[producer], a_idx,
+                                          cols[consumer], b_idx)
                 if coupling is not None:
                     edge_cols[key] = add_class_coupling(b, coupling, cols[producer], a_idx,
                                                         cols[consumer], b_idx)
                     couplings[key] = coefs
-                    num_edge_vars += len(edge_cols[key])
+                    flow_vars += len(edge_cols[key])
+                num_edge_vars += flow_vars
+                pairs_replaced += r.size - flow_vars
                 continue
             ecols = b.columns(r.ravel(), integer=False, upper=_allowed(banned_pairs.get(key)))
             edge_cols[key] = ecols
@@ -1065,7 +1077,7 @@ class ShardingIlp:
                       sum(len(c) for c in cols.values()), num_edge_vars,
                       memory.line if memory is not None else timeline(table),
                       np.array(memory.limit_rows if memory is not None else [], dtype=np.int64),
-                      b.nonzeros)
+                      b.nonzeros, lp.num_col_ + pairs_replaced)
 
 
 #: Memory coefficients are rounded up to multiples of this share of the least
