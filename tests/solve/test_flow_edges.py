@@ -160,3 +160,24 @@ def test_under_a_budget_flow_memory_edges_have_the_exact_optimum_of_pair_edges(s
         return
     assert flow[0] == pytest.approx(pairs[0], rel=1e-5)
     assert flow[1] < pairs[1]
+
+
+@pytest.mark.timeout(600)
+def test_flow_memory_edges_plan_the_test_gpt2_within_a_budget_as_pair_edges(monkeypatch):
+    """Opt-in flow edges under a budget: on the test GPT-2 at half its
+    unconstrained peak on (2,2,2) the plan fits and is within the issue's
+    0.5 % of the pair formulation's (the dives take other paths: here 0.30 %
+    faster; on the test BERT 0.36 % slower, why it is not the default)."""
+    from automap.solve import ilp
+
+    model, inputs, loss_fn = build("gpt2")
+    options = dict(loss_fn=loss_fn, flops_per_s=1e14, memory_bandwidth_bytes_per_s=1e12,
+                   op_overhead_s=5e-6)
+    budget = 0.5 * plan(model, inputs, MESH, **options).predicted_peak_memory_bytes
+    got = {}
+    for form in ("pairs", "flow-memory"):
+        monkeypatch.setattr(ilp, "EDGE_FORMULATION", form)
+        p = plan(model, inputs, MESH, budget, **options)
+        assert p.predicted_peak_memory_bytes <= budget
+        got[form] = p.predicted_step_s
+    assert got["flow-memory"] == pytest.approx(got["pairs"], rel=5e-3)
