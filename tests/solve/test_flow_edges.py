@@ -52,8 +52,10 @@ def test_the_flow_over_optimal_steps_costs_what_the_transport_costs(seed):
     shape = rng.choice([(8, 4), (4, 8, 16), (8, 8, 2)])
     specs = [str(s) for s in enumerate_specs(shape, MESH)]
     srcs, dsts = rng.sample(specs, min(12, len(specs))), rng.sample(specs, min(12, len(specs)))
-    supply = np.array([rng.random() for _ in srcs]); supply /= supply.sum()
-    demand = np.array([rng.random() for _ in dsts]); demand /= demand.sum()
+    supply = np.array([rng.random() for _ in srcs])
+    supply /= supply.sum()
+    demand = np.array([rng.random() for _ in dsts])
+    demand /= demand.sum()
     r = resharding_cost_matrix(MESH, srcs, dsts, shape) * 1e6
     na, nb = r.shape
     transport_rows = [np.kron(np.eye(na)[i], np.ones(nb)) for i in range(na)] + \
