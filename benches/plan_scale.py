@@ -94,6 +94,11 @@ def row(model, inputs, mesh, budget, kind: str, reduce_depth: bool) -> dict:
             "checkpoint_blocks": 0 if p.checkpoint is None else p.checkpoint.block_count()}
 
 
+def _both(a: dict | None, b: dict | None) -> bool:
+    """Both rows ran and planned."""
+    return a is not None and b is not None and "error" not in a and "error" not in b
+
+
 def _untraced(r: dict) -> float:
     return r["total_s"] - r["trace_s"]
 
@@ -152,34 +157,21 @@ def main() -> None:
                           f"{r['peak_gib']:.2f} GiB ckpt {r['checkpoint_blocks']} "
                           f"RSS {result['peak_rss_gib']:.2f} GiB", flush=True)
                 old, exact = result["new"], result.get("exact")
-                if exact is not None and "error" not in exact and "error" not in old:
-                    print(f"{name:12} {mesh_text:6} {fraction:4.2f}x new/exact: step "
-                          f"{old['step_ms'] / exact['step_ms']:.4f}x (exact's own gap to its "
-                          f"bound {exact['gap']:.4f}), total "
+                head = f"{name:12} {mesh_text:6} {fraction:4.2f}x"
+                if _both(exact, old):
+                    print(f"{head} new/exact: step {old['step_ms'] / exact['step_ms']:.4f}x "
+                          f"(exact's own gap to its bound {exact['gap']:.4f}), total "
                           f"{old['total_s'] / exact['total_s']:.2f}x", flush=True)
-                without = result.get("whole")
-                if without is not None and "error" not in without and "error" not in old:
-                    print(f"{name:12} {mesh_text:6} {fraction:4.2f}x new/without whole: total "
-                          f"{old['total_s'] / without['total_s']:.2f}x, step "
-                          f"{old['step_ms'] / without['step_ms']:.4f}x", flush=True)
-                pairs = result.get("pairs")
-                if pairs is not None and "error" not in pairs and "error" not in old:
-                    print(f"{name:12} {mesh_text:6} {fraction:4.2f}x new/pairs: total "
-                          f"{old['total_s'] / pairs['total_s']:.2f}x, edge vars "
-                          f"{old['edge_variables'] / max(pairs['edge_variables'], 1):.3f}x, step "
-                          f"{old['step_ms'] / pairs['step_ms']:.4f}x", flush=True)
-                both = result.get("flow_memory")
-                if both is not None and "error" not in both and "error" not in old:
-                    print(f"{name:12} {mesh_text:6} {fraction:4.2f}x flow-memory/new: total "
-                          f"{both['total_s'] / old['total_s']:.2f}x, step "
-                          f"{both['step_ms'] / old['step_ms']:.4f}x", flush=True)
-                new = result.get("reduced")
-                if new is not None and "error" not in new and "error" not in old:
-                    print(f"{name:12} {mesh_text:6} {fraction:4.2f}x reduced/new: total "
-                          f"{new['total_s'] / old['total_s']:.2f}x (after tracing "
-                          f"{_untraced(new) / _untraced(old):.2f}x), edge vars "
-                          f"{new['edge_variables'] / max(old['edge_variables'], 1):.2f}x, step "
-                          f"{new['step_ms'] / old['step_ms']:.4f}x", flush=True)
+                # (label, numerator, denominator) of the other comparisons.
+                for label, a, b in (("new/without whole", old, result.get("whole")),
+                                    ("new/pairs", old, result.get("pairs")),
+                                    ("flow-memory/new", result.get("flow_memory"), old),
+                                    ("reduced/new", result.get("reduced"), old)):
+                    if _both(a, b):
+                        print(f"{head} {label}: total {a['total_s'] / b['total_s']:.2f}x "
+                              f"(after tracing {_untraced(a) / _untraced(b):.2f}x), edge vars "
+                              f"{a['edge_variables'] / max(b['edge_variables'], 1):.3f}x, step "
+                              f"{a['step_ms'] / b['step_ms']:.4f}x", flush=True)
     sys.stdout.flush()
 
 

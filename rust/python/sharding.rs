@@ -509,6 +509,30 @@ fn layout_path(
     }
 }
 
+/// Numbers as a native-endian byte buffer (numpy views it without a copy).
+fn ne_bytes<'py, T: Copy + NeBytes>(py: Python<'py>, v: &[T]) -> Bound<'py, PyBytes> {
+    PyBytes::new(
+        py,
+        &v.iter().flat_map(|x| x.ne_bytes()).collect::<Vec<u8>>(),
+    )
+}
+
+trait NeBytes {
+    fn ne_bytes(self) -> Vec<u8>;
+}
+
+impl NeBytes for f64 {
+    fn ne_bytes(self) -> Vec<u8> {
+        self.to_ne_bytes().to_vec()
+    }
+}
+
+impl NeBytes for u32 {
+    fn ne_bytes(self) -> Vec<u8> {
+        self.to_ne_bytes().to_vec()
+    }
+}
+
 /// The layout context and native specs of a (srcs x dsts) question.
 fn pair_arguments(
     mesh: &Bound<'_, PyAny>,
@@ -539,11 +563,7 @@ fn resharding_costs<'py>(
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
     let (ctx, srcs, dsts) = pair_arguments(mesh, &srcs, &dsts, shape, dtype_bytes)?;
     let m = py.detach(|| ctx.cost_matrix(&srcs, &dsts)).py()?;
-    let as_bytes = |v: &[f64]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
-    Ok((
-        PyBytes::new(py, &as_bytes(&m.forward_s)),
-        PyBytes::new(py, &as_bytes(&m.backward_s)),
-    ))
+    Ok((ne_bytes(py, &m.forward_s), ne_bytes(py, &m.backward_s)))
 }
 
 /// The optimal paths of every (src, dst) pair as one network: (number of
@@ -569,25 +589,13 @@ fn conversion_network<'py>(
 )> {
     let (ctx, srcs, dsts) = pair_arguments(mesh, &srcs, &dsts, shape, dtype_bytes)?;
     let net = py.detach(|| ctx.conversion_network(&srcs, &dsts)).py()?;
-    let u32s = |v: &[u32]| {
-        PyBytes::new(
-            py,
-            &v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>(),
-        )
-    };
-    let f64s = |v: &[f64]| {
-        PyBytes::new(
-            py,
-            &v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>(),
-        )
-    };
     Ok((
         net.num_specs,
-        u32s(&net.src_pos),
-        u32s(&net.dst_pos),
-        u32s(&net.arc_from),
-        u32s(&net.arc_to),
-        f64s(&net.arc_cost_s),
+        ne_bytes(py, &net.src_pos),
+        ne_bytes(py, &net.dst_pos),
+        ne_bytes(py, &net.arc_from),
+        ne_bytes(py, &net.arc_to),
+        ne_bytes(py, &net.arc_cost_s),
     ))
 }
 

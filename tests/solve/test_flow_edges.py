@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import math
 import random
-import sys
-from pathlib import Path
 
 import highspy
 import numpy as np
@@ -19,10 +17,9 @@ import pytest
 from automap import DeviceMesh, InfeasibleBudgetError, InvalidArgumentError, enumerate_specs, plan
 from automap.sharding.layout import conversion_network, resharding_cost_matrix
 from automap.solve.ilp import ShardingIlp
-from automap.solve.strategies import NodeOptions, StrategyTable, TensorInfo
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-from model_matrix import build  # noqa: E402
+from automap.solve.strategies import NodeOptions, StrategyTable
+from model_matrix import build
+from random_tables import random_node
 
 MESH = DeviceMesh((2, 2, 2), alpha_s=[1e-5, 5e-6, 2e-6],
                   bandwidth_bytes_per_s=[2.5e10, 1e11, 2e11])
@@ -114,21 +111,8 @@ def _wide_table(rng: random.Random) -> StrategyTable:
         in_specs = [tuple(rng.choice(specs[nodes[f"n{p}"].outputs[0].shape]) for p in producers)
                     for _ in range(k)]
         out_specs = [(rng.choice(specs[shape]),) for _ in range(k)]
-
-        def draw(scale, k=k):
-            return np.array([rng.random() * scale for _ in range(k)])
-
-        zero = np.zeros(k)
-        if parameter:
-            nodes["n0"] = NodeOptions(
-                "n0", "placeholder", "parameter", [], [TensorInfo(shape, 4, True)], [()] * k,
-                out_specs, zero, zero, zero, draw(100.0), draw(60.0), zero, zero, zero, zero,
-                zero, zero)
-            continue
-        nodes[f"n{i}"] = NodeOptions(
-            f"n{i}", "op", "einsum", inputs, [TensorInfo(shape, 4, True)], in_specs, out_specs,
-            draw(1e-5), draw(1e-5), draw(1e-5), draw(30.0), zero, draw(10.0), draw(100.0),
-            draw(50.0), draw(50.0), draw(80.0), draw(20.0))
+        nodes[f"n{i}"] = random_node(rng, f"n{i}", parameter, inputs, shape, in_specs,
+                                     out_specs)
     return StrategyTable(MESH, nodes)
 
 

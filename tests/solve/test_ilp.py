@@ -15,7 +15,8 @@ import pytest
 from automap import DeviceMesh, InfeasibleBudgetError, enumerate_specs, layout_path
 from automap.solve.ilp import ShardingIlp, solve_ilp
 from automap.solve.memory import estimate_memory, timeline
-from automap.solve.strategies import NodeOptions, StrategyTable, TensorInfo
+from automap.solve.strategies import NodeOptions, StrategyTable
+from random_tables import random_node
 
 SHAPES = [(4, 4), (8, 4), (4,), (8, 2, 2)]
 
@@ -34,22 +35,8 @@ def _random_table(rng: random.Random, mesh: DeviceMesh) -> StrategyTable:
             in_specs.append(tuple(str(rng.choice(enumerate_specs(nodes[p].outputs[0].shape, mesh)))
                                   for p, _ in inputs))
             out_specs.append((str(rng.choice(enumerate_specs(shape, mesh))),))
-        k = len(in_specs)
-
-        def draw(scale, k=k):
-            return np.array([rng.random() * scale for _ in range(k)])
-
-        zero = np.zeros(k)
-        if parameter:
-            nodes["n0"] = NodeOptions(
-                "n0", "placeholder", "parameter", [], [TensorInfo(shape, 4, True)], [()] * k,
-                out_specs, zero, zero, zero, draw(100.0), draw(60.0), zero, zero, zero, zero,
-                zero, zero)
-            continue
-        nodes[f"n{i}"] = NodeOptions(
-            f"n{i}", "op", "einsum", inputs, [TensorInfo(shape, 4, True)], in_specs, out_specs,
-            draw(1e-5), draw(1e-5), draw(1e-5), draw(30.0), zero, draw(10.0), draw(100.0),
-            draw(50.0), draw(50.0), draw(80.0), draw(20.0))
+        nodes[f"n{i}"] = random_node(rng, f"n{i}", parameter, inputs, shape, in_specs,
+                                     out_specs)
     return StrategyTable(mesh, nodes)
 
 

@@ -116,11 +116,11 @@ def add_class_coupling(b, coupling: ClassCoupling, producer_cols, a_idx, consume
     z = b.columns(np.zeros(k), integer=False, upper=1.0)
     for same, idx, node_cols in ((coupling.same_a, a_idx, producer_cols),
                                  (coupling.same_b, b_idx, consumer_cols)):
+        # z[k] <= the node's choice of the k-th shared spec.
         rows = b.rows(np.full(k, -np.inf), np.zeros(k))
         b.entries(rows, z, 1.0)
-        # z[k] <= the node's choice of the k-th shared spec.
-        where = {int(s): r for s, r in zip(same, rows)}
-        picked = [(where[int(s)], c) for s, c in zip(idx, node_cols) if int(s) in where]
-        if picked:
-            b.entries(np.array([r for r, _ in picked]), np.array([c for _, c in picked]), -1.0)
+        shared = np.full(int(idx.max()) + 1, -1)  # every distinct spec is some strategy's
+        shared[same] = np.arange(k)
+        picked = shared[idx] >= 0
+        b.entries(rows[shared[idx][picked]], np.asarray(node_cols)[picked], -1.0)
     return np.concatenate((w, z))

@@ -1014,11 +1014,11 @@ class ShardingIlp:
         for term in (memory.edge_terms if memory is not None else ()):
             if term[5] is not None:
                 memory_of.setdefault(term[5], []).extend(m for m in term[6] if m.any())
+        flows = self.edge_formulation == "flow-memory" or (
+            self.edge_formulation == "flow" and memory is None)
         for key, (producer, a_idx, consumer, b_idx, r, flow) in edge_blocks.items():
             na, nb = r.shape
             net = coupling = None
-            flows = self.edge_formulation == "flow-memory" or (
-                self.edge_formulation == "flow" and memory is None)
             if flows and flow is not None and key not in banned_pairs:
                 net = self._network(flow[0])
             coefs = None

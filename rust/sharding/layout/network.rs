@@ -99,7 +99,7 @@ impl LayoutContext {
 mod tests {
     use super::*;
     use crate::sharding::layout::layout_context;
-    use crate::sharding::mesh::DeviceMesh;
+    use crate::sharding::layout::search::tests::test_mesh;
 
     /// Cheapest path costs in the network (Bellman-Ford: few specs).
     fn network_distances(net: &ConversionNetwork, from: u32) -> Vec<f64> {
@@ -117,13 +117,7 @@ mod tests {
     #[test]
     fn network_distances_are_the_cost_matrix() {
         for (mesh, shape) in [(&[2, 2, 2][..], &[8, 4, 16][..]), (&[2, 4], &[8, 12])] {
-            let m = DeviceMesh::new(
-                mesh.to_vec(),
-                None,
-                (0..mesh.len()).map(|a| 1e-5 * (a + 1) as f64).collect(),
-                (0..mesh.len()).map(|a| 1e9 / (a + 1) as f64).collect(),
-            )
-            .unwrap();
+            let m = test_mesh(mesh);
             let ctx = layout_context(&m, shape, 4).unwrap();
             let specs = crate::sharding::enumerate::enumerate_specs(shape, m.shape()).unwrap();
             let srcs: Vec<_> = specs.iter().copied().step_by(3).collect();

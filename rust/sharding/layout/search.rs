@@ -214,15 +214,19 @@ pub(crate) mod tests {
     use crate::sharding::layout::moves::StepKind;
     use crate::sharding::mesh::DeviceMesh;
 
-    fn problem(mesh: &[usize], shape: &[usize]) -> LayoutProblem {
-        let m = DeviceMesh::new(
+    /// A mesh whose later axes are slower (alpha and bandwidth per axis).
+    pub(crate) fn test_mesh(mesh: &[usize]) -> DeviceMesh {
+        DeviceMesh::new(
             mesh.to_vec(),
             None,
             (0..mesh.len()).map(|a| 1e-5 * (a + 1) as f64).collect(),
             (0..mesh.len()).map(|a| 1e9 / (a + 1) as f64).collect(),
         )
-        .unwrap();
-        LayoutProblem::new(&m, shape, 4).unwrap()
+        .unwrap()
+    }
+
+    fn problem(mesh: &[usize], shape: &[usize]) -> LayoutProblem {
+        LayoutProblem::new(&test_mesh(mesh), shape, 4).unwrap()
     }
 
     pub(crate) fn all_specs(p: &LayoutProblem) -> Vec<ShardingSpec> {
