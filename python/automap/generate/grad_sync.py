@@ -138,13 +138,14 @@ class GradientSync:
                 self._launch(bucket)  # some gradient never came: sync what there is
             if bucket.work is not None:
                 bucket.work.wait()
-                offset = 0
-                for p in bucket.params:
-                    if p.grad is None:
-                        continue
-                    n = p.grad.numel()
-                    p.grad.copy_(bucket.flat[offset:offset + n].view_as(p.grad))
-                    offset += n
+                # One split and one multi-tensor copy: a third of the dispatches of
+                # a slice, view and copy per gradient (a simulated step's fake
+                # dispatches cost 0.3-1 ms each).
+                synced = [p for p in bucket.params if p.grad is not None]
+                sums = bucket.flat.split([p.grad.numel() for p in synced])
+                torch._foreach_copy_([p.grad for p in synced],
+                                     [s.view_as(p.grad) for s, p in zip(sums, synced, strict=True)])
+                for p in synced:
                     previous = self._previous.get(id(p))
                     if previous is not None:  # it was summed size times: keep it once
                         p.grad.sub_(previous, alpha=bucket.group.size - 1)
