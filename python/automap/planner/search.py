@@ -1058,7 +1058,7 @@ def _package(traced, profile, table, sol, mesh, memory_budget_bytes, node_weight
         alternatives: list[dict[str, Any]] = []
         for i in order:
             if len(alternatives) == 3:
-                break  # (the loop over every strategy of every node: 0.45 s of 3 packages)
+                break  # not on through every strategy (0.45 s of three packages did)
             if tuple(node.out_specs[i]) not in seen:
                 seen.add(tuple(node.out_specs[i]))
                 alternatives.append({"inputs": list(node.in_specs[i]),

@@ -522,6 +522,7 @@ def _matmul_copies(*operands: int) -> Callable[[tuple, Any], int]:
 
 
 _aten = torch.ops.aten
+_DEVICE_QUERY = torch.ops.prim.device.default
 
 #: Operand dtypes whose CPU matmuls oneDNN runs through converted and packed
 #: copies of the operands: a bf16 [256, 64] x [64, 256] weight-gradient mm
@@ -570,9 +571,6 @@ def _shape_of(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return TensorShape(tuple(value.shape), tuple(value.stride()), value.dtype)
     return value
-
-
-_DEVICE_QUERY = torch.ops.prim.device.default
 
 
 class TrackStorage(TorchDispatchMode):
