@@ -137,8 +137,8 @@ def test_budgets_that_fit_need_no_least_budget_lp(seed, monkeypatch):
     fastest = ilp.solve(None)
     least_lps = []
     original = ShardingIlp._least_relaxation
-    monkeypatch.setattr(ShardingIlp, "_least_relaxation", lambda self, model: least_lps.append(
-        inspect.stack()[1].function) or original(self, model))
+    monkeypatch.setattr(ShardingIlp, "_least_relaxation", lambda self, model, *a: least_lps.append(
+        inspect.stack()[1].function) or original(self, model, *a))
     budget = (min(peaks) + fastest.peak_memory_bytes) / 2
     if budget < fastest.peak_memory_bytes and any(p <= budget * 0.99 for p in peaks):
         sol = ilp.solve(budget)
@@ -178,7 +178,7 @@ def test_lp_feasibility_proofs_are_kept_monotone(seed, monkeypatch):
     least_lps = []
     original = ShardingIlp._least_relaxation
     monkeypatch.setattr(ShardingIlp, "_least_relaxation",
-                        lambda self, model: least_lps.append(1) or original(self, model))
+                        lambda self, model, *a: least_lps.append(1) or original(self, model, *a))
     order = [2, 5, 0, 4, 1, 3]
     decided = {}
     for i in order:
@@ -240,6 +240,39 @@ def test_quick_lp_probes_stop_on_iterations_not_on_the_clock(seed, monkeypatch):
     assert decided[0] == decided[1] == uncut
     assert sequences[0] == sequences[1]
 
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_least_budget_lp_cut_short_is_resumed_where_the_least_is_asked(seed, monkeypatch):
+    """Issue 15: where a probe does not decide a budget, the least-budget LP
+    runs for no more than the probe's work, once (the test T5 on (2,2,2): it
+    ran into the 60 s limit before the budget's own LP decided in 17 s); the
+    budget is decided as by a fresh instance, and the least bound asked for
+    later resumes that LP to the bound a fresh instance finds."""
+    from automap.solve import ilp as ilp_module
+
+    table, budgets, uncut = _fresh_decisions(5000 + seed, (0.6, 0.2, 0.95, 0.05))
+    fresh_bound = ShardingIlp(table, merge_followers=False, exact_columns=0)
+    fresh_bound.could_fit(budgets[0])
+    expected = fresh_bound.least_bound_bytes()
+    monkeypatch.setattr(ilp_module, "QUICK_LP_WORK", 1e-9)
+    monkeypatch.setattr(ilp_module, "QUICK_LP_MIN_ITERATIONS", 1)
+    capped = []
+    original = ShardingIlp._least_relaxation
+
+    def least(self, model, iterations=None):
+        h = original(self, model, iterations)
+        if iterations is not None:
+            capped.append((h.getInfo().simplex_iteration_count, model.least_ended))
+        return h
+    monkeypatch.setattr(ShardingIlp, "_least_relaxation", least)
+    ilp = ShardingIlp(table, merge_followers=False, exact_columns=0)
+    assert [ilp.could_fit(b) for b in budgets] == uncut
+    assert len(capped) <= 1 and all(iterations <= 1 for iterations, _ in capped)
+    assert capped and not capped[0][1]  # cut short (one iteration per probe)
+    assert ilp._least_bound_bytes == 0.0  # no bound from an LP cut short
+    assert ilp.least_bound_bytes() == pytest.approx(expected, rel=1e-6)
+    assert ilp._budgeted.least_ended
 
 
 @pytest.mark.parametrize("seed", range(6))

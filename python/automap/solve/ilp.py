@@ -181,6 +181,9 @@ class _Model:
     #: The budget whose optimal relaxation ``relaxed`` holds (None: none).
     relaxed_at: float | None = None
     least_relaxed: highspy.Highs | None = None
+    #: Whether ``least_relaxed`` ran to an end (an optimum, a proof, the time
+    #: limit), not only to a work limit it may resume from.
+    least_ended: bool = False
     mip: highspy.Highs | None = None
     lagrangian: highspy.Highs | None = None
 
@@ -545,8 +548,12 @@ class ShardingIlp:
             # Below the least-budget LP's optimum nothing fits: decided without
             # the budgeted LP, whose infeasibility proofs can stall the dual
             # simplex for minutes (GPT-2 small on (4,4,4): 119 s, where the
-            # least-budget LP takes 0.8 s).
-            self._least_relaxation(model)
+            # least-budget LP takes 0.8 s). Here for as much work as the probe,
+            # once: on the test T5 on (2,2,2) (1.5 M columns) it ran into the
+            # 60 s time limit, where the budget's own LP then took 17 s. Where it
+            # is cut short, no bound: the budget's LP decides, as after a limit.
+            if model.least_relaxed is None:
+                self._least_relaxation(model, self._quick_iterations(model))
             if budget < self._least_bound_bytes:
                 self._infeasible(model, budget, find_least)
         status = self._run(h)
@@ -603,10 +610,11 @@ class ShardingIlp:
             self._least_bytes = self._least(model)
         self._raise_infeasible(budget)
 
-    def _least_relaxation(self, model: _Model) -> highspy.Highs:
+    def _least_relaxation(self, model: _Model, iterations: int | None = None) -> highspy.Highs:
         """The LP relaxation with the budget variable freed and minimised,
-        solved once; its optimum, a budget no plan fits below, is kept in
-        ``_least_bound_bytes``."""
+        solved once (for at most ``iterations`` simplex iterations more, where
+        given: a later call resumes it); its optimum, a budget no plan fits
+        below, is kept in ``_least_bound_bytes``."""
         if model.least_relaxed is None:
             lp = model.lp
             n = lp.num_col_
@@ -615,12 +623,16 @@ class ShardingIlp:
             h = _load(lp, self.time_limit_s, 1e-6, relax=True)
             h.changeColsCost(n, np.arange(n, dtype=np.int32), cost)
             h.changeColBounds(model.budget_col, 0.0, highspy.kHighsInf)
-            if self._run(h) == highspy.HighsModelStatus.kOptimal:
+            model.least_relaxed = h
+        h = model.least_relaxed
+        if not model.least_ended:
+            status = self._run(h, iterations=iterations)
+            model.least_ended = status != highspy.HighsModelStatus.kIterationLimit
+            if status == highspy.HighsModelStatus.kOptimal:
                 bound = float(h.getInfo().objective_function_value) * model.mem_unit
                 # Just under: the LP's own tolerances must not refuse a budget at it.
                 self._least_bound_bytes = max(self._least_bound_bytes, bound * (1 - 1e-7))
-            model.least_relaxed = h
-        return model.least_relaxed
+        return h
 
     def _branch_and_bound(self, model: _Model, budget: float | None):
         if model.mip is None:
