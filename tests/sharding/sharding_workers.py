@@ -51,14 +51,24 @@ def _check_mesh(rank, mesh, groups, shapes, failures) -> int:
     return pairs
 
 
-def _check_collective(failures, label, fn, x, want_y, upstream, want_grad) -> None:
-    x = x.clone().requires_grad_(True)
+def _check_collective(failures, label, fn, x, want_y, upstream, want_grad,
+                      column_major: bool = False) -> None:
+    """``column_major``: ``x`` and ``upstream`` laid out transposed in memory; the
+    result and the gradient must keep that layout (a conversion keeps its
+    input's memory order: ``collectives._keeping_layout``)."""
+    x = (_column_major(x) if column_major else x.clone()).requires_grad_(True)
     y = fn(x)
-    y.backward(upstream)
+    y.backward(_column_major(upstream) if column_major else upstream)
     if not torch.allclose(y.detach(), want_y, atol=1e-5):
         failures.append(f"{label}: forward")
     if not torch.allclose(x.grad, want_grad, atol=1e-5):
         failures.append(f"{label}: backward")
+    if column_major and not (y.t().is_contiguous() and x.grad.t().is_contiguous()):
+        failures.append(f"{label}: layout {y.stride()}, gradient {x.grad.stride()}")
+
+
+def _column_major(t: torch.Tensor) -> torch.Tensor:
+    return t.t().contiguous().t()
 
 
 def check_collectives(rank: int, world: int, mesh_dict: dict) -> list[str]:
@@ -114,6 +124,9 @@ def check_collectives(rank: int, world: int, mesh_dict: dict) -> list[str]:
         for name, fn, x, want_y, upstream, want_grad in cases:
             _check_collective(failures, f"{name} axes {axes} rank {rank}", fn, x, want_y,
                               upstream, want_grad)
+            if name in ("reduce_scatter_dim", "all_gather_dim", "all_to_all_dims"):
+                _check_collective(failures, f"{name} axes {axes} rank {rank}, transposed",
+                                  fn, x, want_y, upstream, want_grad, column_major=True)
     return failures
 
 

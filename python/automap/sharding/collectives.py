@@ -246,9 +246,39 @@ def _sub_dims(g: AxisGroup) -> list[int]:
     return [shape[a] for a in g.axes]
 
 
+def _memory_order(x: torch.Tensor) -> list[int] | None:
+    """``x``'s dims from the outermost in memory to the innermost (by stride),
+    None where that is their own order."""
+    if x.dim() < 2 or x.is_contiguous():
+        return None
+    order = sorted(range(x.dim()), key=lambda d: (-x.stride(d), d))
+    return None if order == list(range(x.dim())) else order
+
+
+def _keeping_layout(run, x: torch.Tensor, *dims: int) -> Steps:
+    """``run(x, *dims)``, its result laid out in memory in the order of ``x``'s
+    dims: the collective runs on ``x`` viewed in its memory order (the same
+    bytes moved) and its result is viewed back. A transposed input keeps
+    its layout through the conversion, as it would without one: attention's
+    output stays (batch, sequence, head, feature) in memory where its inputs
+    are, so the transpose and reshape merging its heads are views, as in the
+    serial model; from contiguous (batch, head, ...) inputs that reshape copied,
+    0.25 MiB per layer and microbatch the memory model did not count (trust
+    GPT-2, 2 pipeline stages on (4,))."""
+    order = _memory_order(x)
+    if order is None:
+        return (yield from run(x, *dims))
+    y = yield from run(x.permute(order), *(order.index(d) for d in dims))
+    return y.permute([order.index(d) for d in range(x.dim())])
+
+
 def _gather(x: torch.Tensor, dim: int, g: AxisGroup) -> Steps:
     if g.size == 1:
         return x
+    return (yield from _keeping_layout(lambda y, d: _gather_in_order(y, d, g), x, dim))
+
+
+def _gather_in_order(x: torch.Tensor, dim: int, g: AxisGroup) -> Steps:
     plan = g.algorithm("all_gather", _nbytes(x) * g.size)
     if plan.flat:
         return (yield from _flat_gather(x, dim, g))
@@ -262,6 +292,10 @@ def _gather(x: torch.Tensor, dim: int, g: AxisGroup) -> Steps:
 def _reduce_scatter(x: torch.Tensor, dim: int, g: AxisGroup) -> Steps:
     if g.size == 1:
         return x
+    return (yield from _keeping_layout(lambda y, d: _reduce_scatter_in_order(y, d, g), x, dim))
+
+
+def _reduce_scatter_in_order(x: torch.Tensor, dim: int, g: AxisGroup) -> Steps:
     plan = g.algorithm("reduce_scatter", _nbytes(x))
     if plan.flat:
         return (yield from _flat_reduce_scatter(x, dim, g))
@@ -276,6 +310,11 @@ def _reduce_scatter(x: torch.Tensor, dim: int, g: AxisGroup) -> Steps:
 def _all_to_all(x: torch.Tensor, src_dim: int, dst_dim: int, g: AxisGroup) -> Steps:
     if g.size == 1:
         return x
+    return (yield from _keeping_layout(lambda y, s, d: _all_to_all_in_order(y, s, d, g), x,
+                                       src_dim, dst_dim))
+
+
+def _all_to_all_in_order(x: torch.Tensor, src_dim: int, dst_dim: int, g: AxisGroup) -> Steps:
     plan = g.algorithm("all_to_all", _nbytes(x))
     if plan.flat:
         return (yield from _flat_all_to_all(x, src_dim, dst_dim, g))
