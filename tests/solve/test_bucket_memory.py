@@ -63,5 +63,10 @@ def test_a_checkpointed_gpt2_plan_is_modelled_as_its_step_allocates(gpt2):
     found = plan(model, inputs, mesh, 0.35 * free.predicted_peak_memory_bytes,
                  loss_fn=default_loss, checkpointing="auto", **SPEEDS)
     assert found.checkpoint is not None and found.checkpoint.block_count() >= 2
+    # 33.61 MB modelled, 33.15 simulated (+1.4 %, over): the LM head's share of
+    # the tied embedding's gradient (0.5 MiB, held from the head's backward, as
+    # the simulated step holds it) is now counted; the rotor's whole-stage view
+    # over-counts about as much elsewhere, which its absence hid (-0.2 % before).
     assert found.solver["modelled_peak_bytes"] == pytest.approx(
-        found.predicted_peak_memory_bytes, rel=0.01)
+        found.predicted_peak_memory_bytes, rel=0.02)
+    assert found.solver["modelled_peak_bytes"] >= found.predicted_peak_memory_bytes * 0.995
