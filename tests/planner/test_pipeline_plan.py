@@ -149,6 +149,21 @@ def test_the_least_named_is_the_simulated_peak_of_the_plan_found_there():
     assert least - 1 <= peak <= least
 
 
+def _trust_gpt2_pipeline(budget: float, schedule: str, flops_per_s: float) -> automap.Plan:
+    """The trust bench's GPT-2 in 2 stages on (4,), 4 microbatches."""
+    import warnings
+
+    from trust_workers import build
+
+    model, inputs, loss_fn = build("gpt2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return automap.plan(model, inputs, DeviceMesh((4,)), budget, loss_fn=loss_fn,
+                            pipeline=2, microbatches=4, schedule=schedule,
+                            flops_per_s=flops_per_s, memory_bandwidth_bytes_per_s=1e10,
+                            op_overhead_s=2e-5)
+
+
 def test_recomputing_chunks_are_modelled_as_their_simulated_steps():
     """A chunk's running microbatch holds the saved tensors of the nodes up to
     the running one, the gradients waiting and its transient (as the intra-op
@@ -157,17 +172,7 @@ def test_recomputing_chunks_are_modelled_as_their_simulated_steps():
     +13.1 and +19.0 % over their simulated steps, and no split was found
     within the budget (the plan came from the least budget's search); the
     split's own shares of each rank's budget find it now."""
-    import warnings
-
-    from trust_workers import build
-
-    model, inputs, loss_fn = build("gpt2")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        plan = automap.plan(model, inputs, DeviceMesh((4,)), 40 * 2**20, loss_fn=loss_fn,
-                            pipeline=2, microbatches=4, schedule="interleaved",
-                            flops_per_s=2e10, memory_bandwidth_bytes_per_s=1e10,
-                            op_overhead_s=2e-5)
+    plan = _trust_gpt2_pipeline(40 * 2**20, "interleaved", flops_per_s=2e10)
     assert any(s.recompute for s in plan.pipeline.stages)
     errors = [p["modelled_bytes"] / p["simulated_bytes"] - 1
               for p in plan.solver["pipeline_stage_peaks"]]
@@ -186,17 +191,7 @@ def test_the_first_stage_is_modelled_as_its_attention_runs():
     microbatch no model counted (GPipe at 80 MiB: the first stage modelled
     71.11 MiB, simulated 73.11, -2.7 %). A conversion now keeps its input's
     memory order, as the serial model profiled: 71.11 against 71.11 MiB."""
-    import warnings
-
-    from trust_workers import build
-
-    model, inputs, loss_fn = build("gpt2")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        plan = automap.plan(model, inputs, DeviceMesh((4,)), 80 * 2**20, loss_fn=loss_fn,
-                            pipeline=2, microbatches=4, schedule="gpipe",
-                            flops_per_s=1e10, memory_bandwidth_bytes_per_s=1e10,
-                            op_overhead_s=2e-5)
+    plan = _trust_gpt2_pipeline(80 * 2**20, "gpipe", flops_per_s=1e10)
     into_attention = [e for e in plan.edges if e.consumer.startswith("scaled_dot_product")
                       and any("all_to_all" in str(step) for step in e.steps)]
     assert into_attention, "no all-to-all into attention any more: pick another plan"
