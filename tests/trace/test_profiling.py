@@ -152,6 +152,33 @@ def test_softmax_exactly():
     assert p.peak_memory_bytes == real.peak_bytes
 
 
+
+class _CrossEntropy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(8, 16)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.head(x), target)
+
+
+def test_a_losss_intermediate_gradient_is_a_temporary_of_its_backward():
+    """cross_entropy's backward runs nll_loss's grad_fn, whose gradient
+    log_softmax's then reads and replaces: one logits-sized gradient
+    outlives the node's backward, the other is a temporary of it (counted
+    as an output too, the loss's gradient was modelled held twice after its
+    kernels: GPT-2 small on (4,4,4), checkpointed, 10.6 % over its step)."""
+    torch.manual_seed(0)
+    model = _CrossEntropy()
+    inputs = (torch.randn(4, 8), torch.randint(0, 16, (4,)))
+    p = profile(model, inputs, None, loss_fn=lambda out: out)
+    measured = model_zoo.measure_step(model, inputs, lambda out: out, None)
+    logits_bytes = 4 * 16 * F32
+    loss = p.by_name["cross_entropy_loss"]
+    assert loss.bwd_out_bytes == logits_bytes
+    assert loss.bwd_tmp_bytes == logits_bytes
+    assert p.peak_memory_bytes == measured.peak_bytes
+
 @pytest.mark.parametrize(
     ("optimizer", "state_bytes"),
     [

@@ -620,6 +620,11 @@ class _Storage:
     died: int | None = None
 
 
+def _storage_keys(tensors: Iterable[Any]) -> set[int]:
+    return {t.untyped_storage()._cdata for t in tensors
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided}
+
+
 class _Recorder:
     """The live-bytes timeline of the step and its attribution to graph nodes."""
 
@@ -641,6 +646,9 @@ class _Recorder:
         self.window_scratch: ScratchKernel | None = None  # a shaped kernel's, at that peak
         self.window: list[tuple[int, _Storage]] = []  # storages made in that window
         self.flops_seen = 0
+        #: Per node, the gradients its backward's grad_fns made so far (a
+        #: composite op runs several: a loss's nll_loss, then log_softmax's).
+        self.backward_made: dict[str, dict[int, _Storage]] = {}
         self.profiles = {
             name: NodeProfile(name, info.op, info.module_path)
             for name, info in traced.nodes.items()
@@ -807,7 +815,8 @@ class _Recorder:
                 owner = self.param_nodes.get(id(variable), node)
             self.grad_fn_owner[fn] = owner
             fn.register_prehook(lambda grads, owner=owner: self.begin_backward(owner))
-            fn.register_hook(lambda grads_in, grads_out, owner=owner: self.end_backward(owner))
+            fn.register_hook(lambda grads_in, grads_out, owner=owner:
+                             self.end_backward(owner, grads_in, grads_out))
             if variable is None:
                 stack.extend(next_fn for next_fn, _ in fn.next_functions)
 
@@ -816,12 +825,23 @@ class _Recorder:
     def begin_backward(self, node: str) -> None:
         self.boundary(BACKWARD, node)
 
-    def end_backward(self, node: str) -> None:
+    def end_backward(self, node: str, produced: Iterable[Any] = (),
+                     incoming: Iterable[Any] = ()) -> None:
+        """``node``'s grad_fn ended, having made the gradients ``produced`` from
+        ``incoming``. An incoming gradient an earlier grad_fn of the same node
+        made and this one does not pass on (log_softmax's backward reads
+        nll_loss's and makes another) is a temporary of the node's backward,
+        not one of its outputs: it dies once this grad_fn returns."""
         prof = self.profiles[node]
-        kept = sum(r.nbytes for key, r in self.window if key in self.storages and r.died is None)
-        prof.bwd_out_bytes += kept
-        if self.window_peak - self.live_bytes > prof.bwd_tmp_bytes:
-            prof.bwd_tmp_bytes = self.window_peak - self.live_bytes
+        made = self.backward_made.setdefault(node, {})
+        passed = _storage_keys(produced)
+        used_up = sum(made.pop(key).nbytes for key in _storage_keys(incoming) - passed
+                      if key in made and made[key].died is None)
+        window = {key: r for key, r in self.window if key in self.storages and r.died is None}
+        made.update(window)
+        prof.bwd_out_bytes += sum(r.nbytes for r in window.values()) - used_up
+        if self.window_peak - self.live_bytes + used_up > prof.bwd_tmp_bytes:
+            prof.bwd_tmp_bytes = self.window_peak - self.live_bytes + used_up
             prof.bwd_scratch = self.window_scratch
 
     # -- the result --
