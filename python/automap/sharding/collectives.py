@@ -372,7 +372,11 @@ def _split(x: torch.Tensor, dim: int, g: AxisGroup) -> torch.Tensor:
     if g.size == 1:
         return x
     with tagged("communication"):
-        return x.chunk(g.size, dim)[g.index].contiguous()
+        # A copy, also where the shard is contiguous: as a view it would keep
+        # its whole input alive as long as it lives (a reader that saves it,
+        # a gradient waiting for its node), where the memory model counts the
+        # shard only (``solve.memory.conversion_bytes``).
+        return x.chunk(g.size, dim)[g.index].clone(memory_format=torch.contiguous_format)
 
 
 def all_reduce_(x: torch.Tensor, group: AxisGroup) -> torch.Tensor:
