@@ -1,8 +1,8 @@
 """The class-split cross-entropy keeps one tensor of the logits' local size for
 its backward (the shard's softmax), as the serial op keeps its
 log-probabilities and as the memory model counts: composed of autograd ops it
-kept exp's output and the logits too (the tests' GPT-2 on (2,2) with the
-class dim split: 16 KiB a rank the model did not count, 2 % of its peak)."""
+kept exp's output and the logits (the tests' GPT-2 with dropout on (2,2), the
+class dim split: modelled 4.4 % under its simulated step before, 2.0 % after)."""
 
 import gc
 import weakref

@@ -37,10 +37,10 @@ def test_bisection_finds_the_lowest_fitting_rung_in_log_calls(n):
 #: differently warmed ILP instances, so their LP dives may part ways (issue 15:
 #: the dives' path dependence, not the bisection's rungs, which the test
 #: asserts strictly). At 0.5 since stop 27 the climb corrected its model budget
-#: two rounds more and ended at a faster plan (7.580 against 8.665 ms; stop 49:
-#: 7.599 against 6.899); in stop 49, with a split copying its shard but before
-#: the class-split loss kept one logits-sized tensor, at 0.6 too (6.184 against
-#: 6.044 ms). A plan slower than the climb's by more than the ILP's tolerance
+#: two rounds more and ended at a faster plan (climbed 7.580 against bisected
+#: 8.665 ms; stop 49: 6.899 against 7.599); in stop 49, with a split copying
+#: its shard but before the class-split loss kept one logits-sized tensor, at
+#: 0.6 too (6.044 against 6.184 ms). A plan slower than the climb's by more than the ILP's tolerance
 #: is reported as an expected failure of the comparison, with both times.
 PATH_DEPENDENT = "LP dives depend on the instance's history; see PATH_DEPENDENT"
 

@@ -152,7 +152,6 @@ def test_softmax_exactly():
     assert p.peak_memory_bytes == real.peak_bytes
 
 
-
 class _CrossEntropy(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -178,6 +177,7 @@ def test_a_losss_intermediate_gradient_is_a_temporary_of_its_backward():
     assert loss.bwd_out_bytes == logits_bytes
     assert loss.bwd_tmp_bytes == logits_bytes
     assert p.peak_memory_bytes == measured.peak_bytes
+
 
 @pytest.mark.parametrize(
     ("optimizer", "state_bytes"),

@@ -825,8 +825,7 @@ class _Recorder:
     def begin_backward(self, node: str) -> None:
         self.boundary(BACKWARD, node)
 
-    def end_backward(self, node: str, produced: Iterable[Any] = (),
-                     incoming: Iterable[Any] = ()) -> None:
+    def end_backward(self, node: str, produced: Iterable[Any], incoming: Iterable[Any]) -> None:
         """``node``'s grad_fn ended, having made the gradients ``produced`` from
         ``incoming``. An incoming gradient an earlier grad_fn of the same node
         made and this one does not pass on (log_softmax's backward reads
