@@ -442,7 +442,15 @@ def _activation_memory(options: NodeOptions, ins, outs, prof, mesh, shard_count,
         (o.nbytes, np.array([1.0 / shard_count(so[j]) for so in options.out_specs]))
         for j, o in enumerate(outs)]
     largest_share = max(operands, key=lambda t: t[0])[1] if operands else np.ones(n)
-    saved += prof.fwd_tmp_bytes * largest_share
+    # But for those shaped as a smaller input (attention's float copy of its
+    # mask, split by the batch only where q is split by the heads too: ViT on
+    # (2,2,2) kept 4x the mask's copy the model counted).
+    shaped = {p: b for p, b in prof.fwd_tmp_input_bytes.items() if b}
+    for k, (producer, _) in enumerate(options.inputs):
+        if producer in shaped:
+            saved += shaped.pop(producer) * in_share[:, k]
+    saved += (prof.fwd_tmp_bytes - sum(prof.fwd_tmp_input_bytes.values())
+              + sum(shaped.values())) * largest_share
     local_out = np.array([sum(o.nbytes / shard_count(x) for o, x in zip(outs, so))
                           for so in options.out_specs])
 

@@ -22,6 +22,8 @@ Per graph node, the paper's quantities (bytes are of storages, counted once):
   node's backward.
 - ``saved_input_bytes`` / ``saved_output_bytes``: ``fwd_in_bytes`` by input node, and
   the node's own outputs it saves (a tanh saves its result), by output index.
+- ``fwd_tmp_input_bytes``: the part of ``fwd_tmp_bytes`` shaped as one of the node's
+  smaller inputs, by that input node (attention's float copy of a boolean mask).
 - ``fwd_out_bytes``: new storage of the node's outputs. Views and in-place ops have
   none: a ``relu_`` after BatchNorm writes into BatchNorm's output, which therefore is
   kept once (the paper's in-place nuance), and appears as the ``relu_``'s ``fwd_in``.
@@ -93,6 +95,10 @@ class NodeProfile:
     #: The node's own outputs it saves for its backward (tanh, sigmoid, exp...),
     #: by output index; not part of ``fwd_tmp_bytes``.
     saved_output_bytes: dict[int, int] = field(default_factory=dict)
+    #: The part of ``fwd_tmp_bytes`` shaped as one of the node's inputs, by
+    #: that input node (attention's float copy of its boolean mask): a
+    #: sharded plan splits it as that input, not as the largest operand.
+    fwd_tmp_input_bytes: dict[str, int] = field(default_factory=dict)
     #: Parameters and buffers the node saves, by input node: no memory of their
     #: own on one device, but a sharded plan that converts one (gathers a weight)
     #: keeps the converted copy for the backward.
@@ -654,6 +660,7 @@ class _Recorder:
             for name, info in traced.nodes.items()
         }
         self.saved: dict[str, dict[int, _Storage]] = {}  # node -> storages it saved
+        self.saved_shape: dict[int, tuple[int, ...]] = {}  # storage -> shape it was saved in
         self.attributed: set[int] = set()  # saved storages already counted by a node
         self.grad_fn_owner: dict[torch.autograd.graph.Node, str] = {}
         self.param_nodes: dict[int, str] = {}
@@ -750,7 +757,9 @@ class _Recorder:
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         record = self.track(tensor)
         if record is not None and self.phase == FORWARD and self.node:
-            self.saved[self.node][tensor.untyped_storage()._cdata] = record
+            key = tensor.untyped_storage()._cdata
+            self.saved[self.node][key] = record
+            self.saved_shape[key] = tuple(tensor.shape)
         return tensor
 
     def end_forward(self, node: str, out: Any, inputs: dict[str, Any] | None = None) -> None:
@@ -769,10 +778,16 @@ class _Recorder:
                     outs[key] = record
                 self._own_grad_fns(leaf.grad_fn, node)
         input_of: dict[int, str] = {}
+        input_shapes: dict[tuple[int, ...], str] = {}  # of inputs not shaped as the largest
+        largest = max((leaf.numel() for value in (inputs or {}).values()
+                       for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)),
+                      default=0)
         for name, value in (inputs or {}).items():
             for leaf in pytree.tree_leaves(value):
                 if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:
                     input_of.setdefault(leaf.untyped_storage()._cdata, name)
+                    if leaf.numel() < largest:
+                        input_shapes.setdefault(tuple(leaf.shape), name)
         prof.fwd_out_bytes = sum(r.nbytes for r in outs.values())
         prof.fwd_buffer_bytes = self.window_peak - self.live_bytes
         prof.fwd_scratch = self.window_scratch
@@ -798,6 +813,10 @@ class _Recorder:
                     + record.nbytes
             elif key not in outs:
                 prof.fwd_tmp_bytes += record.nbytes
+                shaped_as = input_shapes.get(self.saved_shape.get(key, ()))
+                if shaped_as is not None:
+                    prof.fwd_tmp_input_bytes[shaped_as] = \
+                        prof.fwd_tmp_input_bytes.get(shaped_as, 0) + record.nbytes
             else:
                 j = out_index.get(key, 0)
                 prof.saved_output_bytes[j] = prof.saved_output_bytes.get(j, 0) + record.nbytes
