@@ -94,16 +94,22 @@ def mean_over_group(total: torch.Tensor, target: torch.Tensor, weight: torch.Ten
 # log-sum-exp whole on every member.
 
 
+def _class_parallel_peak(x: torch.Tensor, dims: list[int], group: AxisGroup) -> torch.Tensor:
+    """The largest value over ``dims`` of a tensor split along them, all shards
+    together (it only keeps exp in range; rows of -inf give 0, not nan)."""
+    peak = x.amax(dims, keepdim=True)
+    if group.size > 1 and not group.simulated:
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group.group)
+    return peak.masked_fill(torch.isinf(peak), 0.0)
+
+
 def class_parallel_logsumexp(x: torch.Tensor, dims: list[int], keepdim: bool,
                              group: AxisGroup) -> torch.Tensor:
     """logsumexp over ``dims`` of a tensor split along them: the shards' max
     (all-reduced, no gradient: it only keeps exp in range) and the shards' sums
     of exp (all-reduced; its backward is the identity, since the result is whole
     on every member and so is its gradient)."""
-    peak = x.detach().amax(dims, keepdim=True)
-    if group.size > 1 and not group.simulated:
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group.group)
-    peak = peak.masked_fill(torch.isinf(peak), 0.0)  # rows of -inf stay -inf, not nan
+    peak = _class_parallel_peak(x.detach(), dims, group)
     total = all_reduce_sum(torch.exp(x - peak).sum(dims, keepdim=True), group)
     out = torch.log(total) + peak
     return out if keepdim else out.squeeze(dims)
@@ -142,10 +148,7 @@ class _ClassParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, ignore_index, class_start, group):
         dim = 1 if logits.dim() > 1 else 0
-        peak = logits.amax(dim, keepdim=True)
-        if group.size > 1 and not group.simulated:
-            dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group.group)
-        peak = peak.masked_fill(torch.isinf(peak), 0.0)  # rows of -inf stay -inf, not nan
+        peak = _class_parallel_peak(logits, [dim], group)
         probs = (logits - peak).exp_()  # one logits-sized tensor, also while it is made
         total = all_reduce_sum(probs.sum(dim, keepdim=True), group)
         probs.div_(total)

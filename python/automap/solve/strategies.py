@@ -445,12 +445,14 @@ def _activation_memory(options: NodeOptions, ins, outs, prof, mesh, shard_count,
     # But for those shaped as a smaller input (attention's float copy of its
     # mask, split by the batch only where q is split by the heads too: ViT on
     # (2,2,2) kept 4x the mask's copy the model counted).
-    shaped = {p: b for p, b in prof.fwd_tmp_input_bytes.items() if b}
+    rest, split_as_input = float(prof.fwd_tmp_bytes), set()
     for k, (producer, _) in enumerate(options.inputs):
-        if producer in shaped:
-            saved += shaped.pop(producer) * in_share[:, k]
-    saved += (prof.fwd_tmp_bytes - sum(prof.fwd_tmp_input_bytes.values())
-              + sum(shaped.values())) * largest_share
+        nbytes = prof.fwd_tmp_input_bytes.get(producer, 0)
+        if nbytes and producer not in split_as_input:
+            split_as_input.add(producer)
+            saved += nbytes * in_share[:, k]
+            rest -= nbytes
+    saved += rest * largest_share
     local_out = np.array([sum(o.nbytes / shard_count(x) for o, x in zip(outs, so))
                           for so in options.out_specs])
 
