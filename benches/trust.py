@@ -1,16 +1,18 @@
 """Trust bench (issue 14, item 2): predicted against measured per-rank peak memory.
 
-For each model (an MLP, a GPT-2-style LM, a ResNet-style convnet) on a (4,) mesh of 4
-gloo ranks: plans from unconstrained down to the smallest feasible budget, with
-``checkpointing`` "off" and "auto"; each plan is saved, applied on the 4 ranks and
-trained two AdamW steps; the second step's peak of live tensor bytes is measured on
-every rank (CPU: the allocator's events in the PyTorch profiler; a GPU:
-``torch.cuda.max_memory_allocated``). Printed per plan: the budget, the plan's
+For each model (an MLP, a GPT-2-style LM, a ResNet-style convnet, and an MLP of eight
+rows whose step peaks in the optimizer's step) on a (4,) mesh of 4 gloo ranks: plans
+from unconstrained down to the smallest feasible budget, with ``checkpointing`` "off"
+and "auto"; each plan is saved, applied on the 4 ranks and trained two AdamW steps
+(its kernels the plan's ``optimizer_impl``); the second step's peak of live tensor
+bytes is measured on every rank (CPU: the allocator's events in the PyTorch profiler;
+a GPU: ``torch.cuda.max_memory_allocated``). Printed per plan: the budget, the plan's
 predicted peak, the measured peak of every rank, the error of the prediction
 against the largest rank, and whether the measurement is within the budget.
 
-    python benches/trust.py                 # all three models
+    python benches/trust.py                 # all four models
     python benches/trust.py gpt2 --quick    # one model, two budgets
+    python benches/trust.py --optimizer-impl foreach   # AdamW's multi-tensor kernels
 
 Exit status 1 when an error exceeds 5 % or a measured peak exceeds its budget.
 """
@@ -48,12 +50,14 @@ FRACTIONS = (None, 0.67, 0.33, "least")
 
 
 def plans_for(name: str, folder: str, fractions, modes=("off", "auto"), mesh_shape=MESH,
-              backend: str = "gloo", speeds: dict | None = None) -> list[dict]:
+              backend: str = "gloo", speeds: dict | None = None,
+              optimizer_impl: str = "auto") -> list[dict]:
     """Plan ``name`` for each budget of ``fractions`` (see ``FRACTIONS``) and
     checkpointing mode, on ``mesh_shape`` with ``backend``'s collectives (the
-    ranks it runs on) at ``speeds`` (default ``SPEEDS``)."""
+    ranks it runs on) at ``speeds`` (default ``SPEEDS``), for an AdamW stepping
+    with ``optimizer_impl``'s kernels (the workers build it so)."""
     mesh = automap.DeviceMesh(mesh_shape, backend=backend)
-    speeds = SPEEDS if speeds is None else speeds
+    speeds = {**(SPEEDS if speeds is None else speeds), "optimizer_impl": optimizer_impl}
     model, inputs, loss_fn = build(name)
     free = automap.plan(model, inputs, mesh, loss_fn=loss_fn, **speeds)
     least = {}
@@ -96,11 +100,11 @@ def plans_for(name: str, folder: str, fractions, modes=("off", "auto"), mesh_sha
     return rows
 
 
-def run(names, fractions) -> list[dict]:
+def run(names, fractions, optimizer_impl: str = "auto") -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for name in names:
-            planned = plans_for(name, folder, fractions)
+            planned = plans_for(name, folder, fractions, optimizer_impl=optimizer_impl)
             jobs = [(r["model"], r["path"]) for r in planned if "path" in r]
             measured = run_on_gloo(measure_plans, MESH[0], jobs, timeout_s=900)
             for r in planned:
@@ -141,13 +145,17 @@ def report(rows, extra=()) -> bool:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="*", default=["mlp", "gpt2", "resnet"])
+    parser.add_argument("models", nargs="*", default=["mlp", "gpt2", "resnet", "mlp_state"])
     parser.add_argument("--quick", action="store_true",
                         help="two budgets only: unconstrained, and half-way to the least")
+    parser.add_argument("--optimizer-impl", default="auto",
+                        choices=("auto", "for-loop", "foreach", "fused"),
+                        help="the kernels AdamW steps with, planned for and measured "
+                             "(auto: torch's default, for-loop on CPU)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", category=UserWarning)
     start = time.perf_counter()
-    rows = run(args.models, (None, 0.5) if args.quick else FRACTIONS)
+    rows = run(args.models, (None, 0.5) if args.quick else FRACTIONS, args.optimizer_impl)
     ok = report(rows)
     print(f"trust bench: {time.perf_counter() - start:.0f} s")
     return 0 if ok else 1

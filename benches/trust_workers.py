@@ -14,6 +14,10 @@ from torch.utils import _pytree as pytree
 
 from automap.trace.allocator_events import allocation_peak_bytes
 
+#: The optimizer's keywords per ``optimizer_impl`` a plan records.
+OPTIMIZER_KERNELS = {"for-loop": {"foreach": False}, "foreach": {"foreach": True},
+                     "fused": {"fused": True}}
+
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
@@ -39,6 +43,14 @@ def build(name: str, device: str | torch.device = "cpu"):
         # A batch whose activations weigh (16 MiB per rank unconstrained): with
         # 64 rows the unconstrained plan was already the leanest, every budget one.
         x, y = torch.randn(1024, 512), torch.randint(0, 16, (1024,))
+        x, y = x.to(device), y.to(device)
+        return model, (x,), lambda out: nn.functional.cross_entropy(out, y)
+    if name == "mlp_state":
+        # Eight rows: its step peaks in the optimizer's step (parameters, their
+        # gradients and AdamW's state, 16 MiB replicated), where the kernels'
+        # temporaries decide (``optimizer_impl``).
+        model = MLP()
+        x, y = torch.randn(8, 512), torch.randint(0, 16, (8,))
         x, y = x.to(device), y.to(device)
         return model, (x,), lambda out: nn.functional.cross_entropy(out, y)
     if name == "gpt2":
@@ -84,10 +96,11 @@ def _allocation_peak_bytes(prof) -> int:
 
 
 def measure_plan(rank: int, world: int, name: str, plan_path: str, timed_steps: int = 0,
-                 device: str | None = None) -> dict:
+                 device: str | None = None, optimizer_impl: str | None = None) -> dict:
     """This rank's steady-state AdamW step under the plan saved at ``plan_path``
     (``measure_training``), on ``device`` (default: the backend's, CUDA under
-    NCCL; gloo ranks can share a GPU, their collectives staged through the host)."""
+    NCCL; gloo ranks can share a GPU, their collectives staged through the host),
+    AdamW stepping with ``optimizer_impl``'s kernels (default: the plan's)."""
     from automap.api import apply
     from automap.planner.plan import Plan
 
@@ -98,8 +111,12 @@ def measure_plan(rank: int, world: int, name: str, plan_path: str, timed_steps: 
         dev = torch.device("cuda", dev.index or 0)
         torch.cuda.set_device(dev)
     model, inputs, loss_fn = build(name, dev)
-    module = apply(Plan.from_json(plan_path), model, inputs, loss_fn=loss_fn, device=dev)
-    opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    plan = Plan.from_json(plan_path)
+    module = apply(plan, model, inputs, loss_fn=loss_fn, device=dev)
+    # The kernels the plan sized the step's temporaries for (torch's default on
+    # this device where it says "auto" or nothing).
+    impl = optimizer_impl or plan.cost_constants.get("optimizer_impl", "auto")
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-3, **OPTIMIZER_KERNELS.get(impl, {}))
 
     def step() -> float:
         loss = _call(module, inputs)
@@ -159,7 +176,8 @@ def measure_training(step, persistent, timed_steps: int = 0, warmup_steps: int =
 
 
 def measure_plans(rank: int, world: int, jobs: list[tuple[str, str]], timed_steps: int = 0,
-                  device: str | None = None) -> dict[str, dict]:
+                  device: str | None = None, optimizer_impl: str | None = None
+                  ) -> dict[str, dict]:
     """``measure_plan`` for each (model name, plan path), by path."""
-    return {path: measure_plan(rank, world, name, path, timed_steps, device)
+    return {path: measure_plan(rank, world, name, path, timed_steps, device, optimizer_impl)
             for name, path in jobs}

@@ -341,7 +341,7 @@ def measure_step(model: nn.Module, example_inputs: Any, loss_fn: Callable, optim
         kwargs = {**hf_compat.call_kwargs(model), **kwargs}
     params = [p for p in model.parameters() if p.requires_grad]
     on_cuda = params[0].device.type == "cuda"
-    opt = OPTIMIZERS[optimizer](params, on_cuda) if optimizer else None
+    opt = OPTIMIZERS[optimizer](params, {"foreach": on_cuda}) if optimizer else None
 
     def step() -> None:
         loss = loss_fn(model(*args, **kwargs))

@@ -308,7 +308,7 @@ def test_optimizer_state_is_created_as_the_optimizers_own_kernels_would(name):
     def state(create):
         with FakeTensorMode():
             params = [torch.empty(shape, requires_grad=True) for shape in ((3, 5), (7,), ())]
-            opt = OPTIMIZERS[name](params, False)
+            opt = OPTIMIZERS[name](params, {"foreach": False})
             create(opt, params)
             kernels = [group["foreach"] for group in opt.param_groups]
             return [(tuple(t.shape), t.dtype, t.stride(), t.device)

@@ -16,7 +16,7 @@ from automap.cli.arguments import (
 )
 from automap.cli.factory import load_factory
 from automap.errors import AutomapError
-from automap.trace.optimizer_names import OPTIMIZER_NAMES
+from automap.trace.optimizer_names import OPTIMIZER_IMPLS, OPTIMIZER_NAMES
 
 
 def register(subparsers: Any) -> None:
@@ -46,6 +46,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--op-overhead", type=positive_float, default=None,
                    help="fixed seconds per kernel launch (default: measured)")
     p.add_argument("--optimizer", default="adamw", choices=OPTIMIZER_NAMES)
+    p.add_argument("--optimizer-impl", default="auto", choices=OPTIMIZER_IMPLS,
+                   help="the kernels the optimizer steps with, which size its temporaries "
+                        "(default auto: foreach on GPUs, for-loop on CPUs, as torch picks)")
     p.add_argument("--time-limit", type=positive_float, default=60.0,
                    help="solver limit, seconds")
     p.add_argument("--checkpointing", default="auto", choices=["auto", "off", "only"],
@@ -82,7 +85,8 @@ def _plan(args: argparse.Namespace) -> int:
         mesh = DeviceMesh(args.mesh, alpha_s=args.alpha_s,
                           bandwidth_bytes_per_s=args.bandwidth, backend=args.backend)
         result = plan(model, inputs, mesh, args.memory, loss_fn=loss_fn,
-                      optimizer=args.optimizer, flops_per_s=args.flops,
+                      optimizer=args.optimizer, optimizer_impl=args.optimizer_impl,
+                      flops_per_s=args.flops,
                       memory_bandwidth_bytes_per_s=args.memory_bandwidth,
                       op_overhead_s=args.op_overhead,
                       time_limit_s=args.time_limit, checkpointing=args.checkpointing)

@@ -198,9 +198,11 @@ class _Timeline:
 def simulate_step(traced, plan, *, rank: int | None = None, optimizer="adamw",
                   device: str | torch.device = "cpu", backend: str = "gloo",
                   local_inputs: bool = False,
-                  grad_bucket_bytes: int | None = DEFAULT_BUCKET_BYTES) -> SimulatedStep:
+                  grad_bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
+                  optimizer_impl: str = "auto") -> SimulatedStep:
     """The memory of one training step of ``rank`` (default: the mesh's first) under
-    ``plan`` (made for ``traced``), with ``optimizer`` as in ``automap.plan`` and the
+    ``plan`` (made for ``traced``), with ``optimizer`` as in ``automap.plan`` (its
+    step's kernels ``optimizer_impl``; "auto": torch's default on ``device``) and the
     collectives of ``backend`` ("gloo" or "nccl"). The inputs are the global batch
     (this rank's shard with ``local_inputs``)."""
     device = torch.device(device)
@@ -211,7 +213,8 @@ def simulate_step(traced, plan, *, rank: int | None = None, optimizer="adamw",
         module = assemble(traced, plan, groups, rank, device, local_inputs, grad_bucket_bytes,
                           lambda shards: fake_shards(traced, plan, shards, rank, device))
         inputs = fake_inputs(traced, plan, rank, device, local_inputs)
-        params, opt = persistent_state(timeline, module, inputs, optimizer, device)
+        params, opt = persistent_state(timeline, module, inputs, optimizer, device,
+                                       optimizer_impl)
         with TrackStorage(timeline, device), generator_states_tracked(timeline, device):
             timeline.phase = "forward"
             start = timeline.clock
@@ -247,12 +250,13 @@ def generator_states_tracked(timeline: _Timeline, device: torch.device) -> Itera
         torch.get_rng_state = get_state
 
 
-def persistent_state(timeline: _Timeline, module, inputs, optimizer, device):
-    """The trainable parameters and the optimizer (its state created) of
-    ``module``; parameters, buffers, ``inputs`` and optimizer state tracked as
-    live for the whole step."""
+def persistent_state(timeline: _Timeline, module, inputs, optimizer, device,
+                     optimizer_impl: str = "auto"):
+    """The trainable parameters and the optimizer (its state created; its step's
+    kernels ``optimizer_impl``) of ``module``; parameters, buffers, ``inputs`` and
+    optimizer state tracked as live for the whole step."""
     params = [p for p in module.parameters() if p.requires_grad]
-    opt, _ = make_optimizer(optimizer, params, device)
+    opt, _ = make_optimizer(optimizer, params, device, optimizer_impl)
     if opt is not None:
         create_optimizer_state(opt, params)
     for kind, tensors in (("parameters", module.parameters()),

@@ -63,12 +63,13 @@ from automap.trace.profiling import (
 @torch.enable_grad()
 def simulate_stage(traced, plan, stage: int, *, position: int = 0, optimizer="adamw",
                    device: str | torch.device = "cpu", backend: str = "gloo",
-                   grad_bucket_bytes: int | None = DEFAULT_BUCKET_BYTES) -> SimulatedStep:
+                   grad_bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
+                   optimizer_impl: str = "auto") -> SimulatedStep:
     """The memory of one training step of the rank at submesh ``position`` of
     pipeline ``stage`` (the submesh; interleaved: every chunk ``j`` with
     ``j mod n == stage``) under ``plan`` (``plan.pipeline`` set, its nodes made
-    for ``traced``, one microbatch), with ``optimizer`` and ``backend`` as in
-    ``simulate_step``."""
+    for ``traced``, one microbatch), with ``optimizer``, ``optimizer_impl`` and
+    ``backend`` as in ``simulate_step``."""
     device = torch.device(device)
     record = plan.pipeline
     stages = record.stages
@@ -105,7 +106,7 @@ def simulate_stage(traced, plan, stage: int, *, position: int = 0, optimizer="ad
                  if isinstance(v, torch.Tensor) else v
                  for v in fake_inputs(traced, stage_plan, rank, device, False)]
         params, opt = persistent_state(timeline, nn.ModuleList(list(modules.values())), batch,
-                                       optimizer, device)
+                                       optimizer, device, optimizer_impl)
         inputs = [torch.chunk(v, m, dim=0) if isinstance(v, torch.Tensor) else [v] * m
                   for v in batch]
 

@@ -91,6 +91,8 @@ class Chain:
     #: whole batch, so each holds all the microbatches' for the whole step
     #: (``pipeline_partition``), not a unit's reader.
     input_bytes: float = 0.0
+    #: The optimizer step's kernels (``StrategyTable.optimizer_impl``).
+    optimizer_impl: str = "for-loop"
 
 
 def cut_positions(traced, order: list[str], blocks) -> list[int]:
@@ -291,4 +293,4 @@ def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
             if canonical in deferred:
                 axes, nbytes = deferred[canonical]
                 unit.sync[key] = (axes, nbytes)
-    return Chain(order, units, grads, float(memory.input_bytes))
+    return Chain(order, units, grads, float(memory.input_bytes), table.optimizer_impl)

@@ -49,7 +49,7 @@ from automap.generate.pipeline_order import held_at_once, in_flight_counts
 from automap.planner.pipeline_chain import Chain
 from automap.planner.pipeline_mesh import StageMeshes
 from automap.sharding.collectives import DEFAULT_BUCKET_BYTES
-from automap.solve.memory import optimizer_temp_factor
+from automap.solve.memory import optimizer_temporaries
 
 #: At most this many caps are tried above the least feasible one.
 MAX_CAPS = 4000
@@ -318,7 +318,7 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
     # the usual AdamW(model.parameters()) failed on that rank only).
     trains = np.concatenate([[0], np.cumsum([u.trains for u in units])])
     empty |= trains[None, :] - trains[:, None] <= 0
-    factor = optimizer_temp_factor(optimizer) if optimizer is not None else 0.0
+    of_largest, of_all = optimizer_temporaries(optimizer, chain.optimizer_impl)
     def per_cut(values) -> np.ndarray:
         """Per unit after which a cut falls -> per cut position (0: none before)."""
         return np.concatenate([[0.0], values])
@@ -349,10 +349,12 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
     # later one (each parameter's gradient made anew beside the one
     # accumulated): ``Unit.first_running_bytes`` and ``running_bytes``.
     running = (ranges.first_running, ranges.running)
-    # The optimizer steps one parameter at a time: its temporaries are the
-    # largest parameter's, once per rank however many chunks it runs.
-    step_temporary = factor * ranges.largest
-    step_reserve = factor * float(ranges.largest[0, k_units])
+    # The optimizer's for-loop steps one parameter at a time: its temporaries
+    # are the largest parameter's, once per rank however many chunks it runs;
+    # its foreach kernels make theirs for every parameter of the rank at once
+    # (in each chunk's step base, which add up over the rank's chunks).
+    step_temporary = of_largest * ranges.largest
+    step_reserve = of_largest * float(ranges.largest[0, k_units])
     for k in range(chunks):
         budget = per_stage[k % n]
         t = ranges.compute[0] + ranges.compute[1]
@@ -406,7 +408,7 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
             moment = tuple(np.maximum(sends, r - ranges.saved + out_grad + in_grad)
                            for r in running)
             lean_moment = tuple(np.maximum(sends, r + out_grad + in_grad) for r in running)
-        step_base = fixed
+        step_base = fixed + of_all * ranges.grads
         if virtual == 1 and k > 0:
             # The last microbatch's received input and its gradient are still
             # held when the optimizer steps (the simulated stage keeps them;

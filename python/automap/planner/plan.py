@@ -344,8 +344,11 @@ class Plan:
         source = ("the simulated step and its reserve" if self.solver.get("simulated")
                   else "the memory model")
         where = f" ({self.memory_breakdown_at})" if self.memory_breakdown_at else ""
+        optimizer = self.cost_constants.get("optimizer")
+        impl = self.cost_constants.get("optimizer_impl")
+        stepping = f"; {optimizer} stepping with {impl} kernels" if optimizer and impl else ""
         lines = [f"peak memory per device {format_bytes(self.predicted_peak_memory_bytes)}"
-                 f"{where}, from {source}:"]
+                 f"{where}, from {source}{stepping}:"]
         parts = sorted(((v, k) for k, v in self.memory_breakdown.items() if v > 0),
                        reverse=True)
         width = max((len(k) for _, k in parts), default=0)

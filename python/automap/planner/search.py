@@ -54,7 +54,7 @@ from automap.sharding.spec import ShardingSpec
 from automap.solve.blocks import detect_blocks
 from automap.solve.depth import instance_repeats, multiplicities, reduced_depth
 from automap.solve.ilp import EXACT_COLUMNS, ShardingIlp
-from automap.solve.memory import estimate_memory, optimizer_temp_factor, timeline
+from automap.solve.memory import estimate_memory, optimizer_temp_bytes, timeline
 from automap.solve.strategies import (
     NodeOptions,
     StrategyTable,
@@ -64,6 +64,7 @@ from automap.solve.strategies import (
     restricted,
 )
 from automap.trace.example_inputs import describe_inputs
+from automap.trace.optimizer_names import OPTIMIZER_IMPLS, resolve_optimizer_impl
 
 if TYPE_CHECKING:
     from automap.cluster.cluster import Cluster
@@ -159,6 +160,7 @@ def plan(
     *,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     optimizer: str | None = "adamw",
+    optimizer_impl: str = "auto",
     flops_per_s: float | None = None,
     memory_bandwidth_bytes_per_s: float | None = None,
     op_overhead_s: float | None = None,
@@ -199,6 +201,14 @@ def plan(
     ILP with the reduction stage's multi-input followers
     (``automap.solve.reduce``; half the edge variables, but it can lose the
     plans of tight budgets).
+
+    ``optimizer_impl``: the kernels the training loop's optimizer steps with, as
+    torch names them (``"for-loop"``, ``"foreach"``, ``"fused"``), which size the
+    step's temporaries (Adam's foreach kernels hold one more tensor per parameter
+    shard, its for-loop two of the largest shard, fused none); ``"auto"``: torch's
+    default for an optimizer built without saying, on the ranks of the mesh's
+    backend (foreach on NCCL's GPUs, for-loop on gloo's CPUs). The plan records it
+    (``plan.cost_constants["optimizer_impl"]``).
 
     ``mixed_precision`` (None, ``"bf16"``, ``"fp16"`` or ``automap.MixedPrecision``):
     plan the step as it runs under ``torch.autocast`` in that dtype with float32
@@ -241,6 +251,7 @@ def plan(
 
     memory_budget_bytes = check_budget(memory_budget_bytes)
     optimizer, flops_per_s = check_optimizer(optimizer), check_flops(flops_per_s)
+    check_choice(optimizer_impl, "optimizer_impl", OPTIMIZER_IMPLS)
     check_time_limit(time_limit_s)
     check_choice(checkpointing, "checkpointing", CHECKPOINTING)
     meshes, known = candidate_meshes(mesh)
@@ -262,7 +273,8 @@ def plan(
         dtype=parameter_dtype(traced))
     t1 = time.perf_counter()
     log.debug("traced and profiled %d nodes in %.2f s", len(traced.nodes), t1 - t0)
-    options = dict(optimizer=optimizer, device=device, strict=strict, time_limit_s=time_limit_s,
+    options = dict(optimizer=optimizer, optimizer_impl=optimizer_impl, device=device,
+                   strict=strict, time_limit_s=time_limit_s,
                    merge_followers=merge_followers, tie_blocks=tie_blocks or bool(stacks),
                    stacks=stacks, strategy_filter=strategy_filter,
                    exact_columns=exact_columns, reduce_formulation=reduce_formulation)
@@ -312,7 +324,7 @@ def _plan_pipelined(model, example_inputs, mesh, memory_budget_bytes, counts, mi
     from automap.trace.profiling import profile_traced
     from automap.trace.tracing import trace
 
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = mesh.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     traces: dict[int, Microbatched] = {}
     reduced: list = []
 
@@ -347,7 +359,8 @@ def _plan_pipelined(model, example_inputs, mesh, memory_budget_bytes, counts, mi
 
         def simulate(found: Plan, k: int):
             return simulate_stage(traced, found, k, optimizer=options["optimizer"],
-                                  backend=backend)
+                                  backend=backend, optimizer_impl=resolve_optimizer_impl(
+                                      options["optimizer_impl"], backend))
 
         traces[m] = Microbatched(traced, profile, detect_blocks(traced), plan_submesh,
                                  simulate if verify and not stacks else None)
@@ -385,8 +398,9 @@ def parameter_dtype(traced) -> torch.dtype:
 
 @verbose_switch
 def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
-                optimizer="adamw", device: DeviceProfile | None = None, flops_per_s=None,
-                memory_bandwidth_bytes_per_s=None, op_overhead_s=None, strict=False,
+                optimizer="adamw", optimizer_impl="auto", device: DeviceProfile | None = None,
+                flops_per_s=None, memory_bandwidth_bytes_per_s=None, op_overhead_s=None,
+                strict=False,
                 time_limit_s=60.0, merge_followers=True, tie_blocks=True, stacks=(),
                 strategy_filter=None, trace_s=0.0, verbose=False, checkpointing="auto",
                 ladder_alpha=LADDER_ALPHA, ladder_steps=LADDER_STEPS, verify=True,
@@ -402,9 +416,15 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     that many microbatches per step (a pipeline stage's submesh plan): the ILP
     prices the parameters' gradient all-reduces and optimizer steps, which run
     once per step, at ``1 / microbatches`` (``per_microbatch.per_microbatch_table``);
-    the plan's reported times are one microbatch's, all terms in full."""
+    the plan's reported times are one microbatch's, all terms in full.
+    ``backend``: the one the plan's collectives run on (default: the mesh's, else
+    NCCL where this process sees a GPU, else gloo); ``optimizer_impl`` is
+    resolved for its ranks."""
     memory_budget_bytes = check_budget(memory_budget_bytes)
     optimizer = check_optimizer(optimizer)
+    check_choice(optimizer_impl, "optimizer_impl", OPTIMIZER_IMPLS)
+    backend = backend or mesh.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    optimizer_impl = resolve_optimizer_impl(optimizer_impl, backend)
     flops_per_s = check_flops(flops_per_s)
     check_time_limit(time_limit_s)
     check_choice(checkpointing, "checkpointing", CHECKPOINTING)
@@ -416,7 +436,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     with stage(log, f"built the strategy table on mesh {mesh.shape}",
                    min_s=1.0) as building:
         table = build_strategy_table(traced, profile, mesh, device=device, optimizer=optimizer,
-                                     strict=strict)
+                                     optimizer_impl=optimizer_impl, strict=strict)
         building.result(f"{sum(len(n) for n in table.nodes.values())} strategies of "
                         f"{len(table.nodes)} nodes")
     check_costs(table, mesh, device.flops_per_s)
@@ -522,7 +542,6 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         return search, ilp, fastest_within, fastest
 
     search, ilp, _, _ = searcher(table)
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     verify = verify and not stacks  # a depth-reduced plan is not generated: no simulation
     steps: dict[tuple, object] = {}  # one simulation per distinct program
     # Without a budget, memory decides nothing: only the plan returned is
@@ -537,7 +556,8 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         key = _program_key(found)
         if key not in steps:
             with stage(log, "simulated the plan's training step") as simulating:
-                steps[key] = simulate_step(traced, found, optimizer=optimizer, backend=backend)
+                steps[key] = simulate_step(traced, found, optimizer=optimizer, backend=backend,
+                                           optimizer_impl=optimizer_impl)
                 simulating.result(f"peak {_size(steps[key].peak_bytes)}")
         step = steps[key]
         kept = reserved(step, HEADROOM)
@@ -1030,9 +1050,9 @@ def _checkpoint(traced, profile, table, sol, budget, repeats):
 
 
 def _optimizer_step_bytes(chain, table) -> float:
-    factor = optimizer_temp_factor(table.optimizer)
-    return chain.persistent_bytes + sum(chain.param_grad_bytes) + \
-        factor * chain.largest_param_bytes
+    grads = sum(chain.param_grad_bytes)
+    return chain.persistent_bytes + grads + optimizer_temp_bytes(
+        table.optimizer, table.optimizer_impl, chain.largest_param_bytes, grads)
 
 
 def _checkpointed_least(traced, profile, table, sol, repeats) -> float:
@@ -1106,7 +1126,8 @@ def _package(traced, profile, table, sol, mesh, memory_budget_bytes, node_weight
         memory_binding=sol.memory_binding or recompute > 0,
         graph_fingerprint=graph_fingerprint(traced),
         mixed_precision=getattr(traced, "mixed_precision", None),
-        cost_constants={**device.to_dict(), "optimizer": optimizer},
+        cost_constants={**device.to_dict(), "optimizer": optimizer,
+                        "optimizer_impl": table.optimizer_impl},
         solver={"status": sol.status, "gap": sol.gap, "objective_s": sol.objective_s,
                 "build_s": sol.build_s, "solve_s": sol.solve_s, "trace_s": trace_s,
                 "strategies_s": strategies_s, "binaries": sol.num_binaries,

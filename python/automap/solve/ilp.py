@@ -48,7 +48,7 @@ from automap.solve.flow_edges import (
 from automap.solve.memory import (
     edge_memory,
     estimate_memory,
-    optimizer_temp_factor,
+    optimizer_temporaries,
     timeline,
     waiting_gradient_bytes,
 )
@@ -1194,7 +1194,8 @@ class _MemoryRows:
         self.table = table
         self.line = timeline(table)
         self.shard_count = ShardCounts(table.mesh)
-        self.opt_factor = optimizer_temp_factor(optimizer)
+        self.opt_of_largest, self.opt_of_all = optimizer_temporaries(optimizer,
+                                                                     table.optimizer_impl)
         # (consumer, producer root, a_idx, consumer root, b_idx, edge block key, matrices)
         self.edge_terms: list[tuple] = []
         self._terms: dict[tuple, int] = {}  # distinct term -> its variable
@@ -1232,10 +1233,11 @@ class _MemoryRows:
                 add("later", line.grad_position[v], r, g * w)
                 if r in cols:
                     grads.append((cols[r], units(g * w)))
-                    opt.append((cols[r], units(self.opt_factor * g)))
+                    if self.opt_of_largest:
+                        opt.append((cols[r], units(self.opt_of_largest * g)))
                 else:
                     grad_const += float(units(g[0] * w))
-                    opt_const = max(opt_const, float(units(self.opt_factor * g[0])))
+                    opt_const = max(opt_const, float(units(self.opt_of_largest * g[0])))
             i = line.position.get(v)
             if i is None:
                 continue
@@ -1321,7 +1323,9 @@ class _MemoryRows:
             if terms["after"][i] or consts["after"][i]:
                 row(terms["after"][i] + terms["own"][i] + _var(prev) + _var(later[i])
                     + _var(waiting[i]), consts["after"][i] + consts["own"][i])
-        # The optimizer step: every gradient and the largest shard's temporaries.
+        # The optimizer step: every gradient and the temporaries, the largest
+        # shard's (for-loop kernels: ``opt_temp``) or every shard's (foreach:
+        # in proportion to the gradients, shaped as their parameters).
         grad_total = b.columns([0.0], integer=False, upper=inf)[0]
         self._sum(b, grad_total, grads, grad_const)
         opt_temp = b.columns([0.0], integer=False, upper=inf)[0]
@@ -1331,7 +1335,8 @@ class _MemoryRows:
             b.entries(rows, c, -coef)
         r = b.rows(-inf, -opt_const)[0]
         self.limit_rows.append(r)
-        b.entries([r, r, r, r], [total, grad_total, opt_temp, budget], [1.0, 1.0, 1.0, -1.0])
+        b.entries([r, r, r, r], [total, grad_total, opt_temp, budget],
+                  [1.0, 1.0 + self.opt_of_all, 1.0, -1.0])
         return budget
 
     def _shared(self, b: _Builder, cols: np.ndarray, coef: np.ndarray):

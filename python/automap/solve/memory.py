@@ -17,8 +17,9 @@ then the optimizer step. With the ``NodeOptions`` columns:
   the node saved;
 - the gradient of a node's output lives from the backward of its last reader
   through the node's own backward (long for a residual branch);
-- the optimizer step needs ``OPTIMIZER_TEMP_FACTOR`` times the largest
-  parameter shard on top;
+- the optimizer step needs temporaries on top (``optimizer_temporaries``):
+  its for-loop kernels some times the largest parameter shard, its foreach
+  kernels some times every shard together, its fused kernels none;
 - an edge whose consumer reads another spec than its producer made converts
   the tensor (``conversion_bytes``): the copy and the collective's staging live
   while the consumer's forward runs, the gradient's conversion back while its
@@ -50,18 +51,39 @@ from automap.solve.fsdp import fused_gather
 from automap.solve.gradient_buckets import deferred_gradients, gradient_buckets
 from automap.solve.strategies import ShardCounts
 
-#: Temporaries of an optimizer step, in units of the largest parameter shard
-#: (AdamW's per-tensor loop: the square root and the update of one tensor).
+#: Temporaries of an optimizer step that runs one tensor at a time, in units of
+#: the largest parameter shard (AdamW: the square root and the update of one
+#: tensor; SGD works in place).
 OPTIMIZER_TEMP_FACTOR = {"sgd": 0.0, "sgd_momentum": 0.0, "momentum": 0.0, "adam": 2.0,
                          "adamw": 2.0}
+#: The same for the multi-tensor (foreach) kernels, in units of all parameter
+#: shards together: Adam's step makes the square roots of every second moment
+#: in one ``_foreach_sqrt`` and updates in place with them (torch's
+#: ``_multi_tensor_adam``); the fused kernels make none.
+OPTIMIZER_FOREACH_TEMP_FACTOR = {"sgd": 0.0, "sgd_momentum": 0.0, "momentum": 0.0,
+                                 "adam": 1.0, "adamw": 1.0}
 
 CATEGORIES = ("parameters and optimizer state", "inputs", "activations",
               "activation gradients", "gradients", "gradient buckets", "temporaries")
 
 
-def optimizer_temp_factor(optimizer) -> float:
-    name = optimizer if isinstance(optimizer, str) else "adamw"
-    return OPTIMIZER_TEMP_FACTOR.get(name.lower(), 2.0)
+def optimizer_temporaries(optimizer, impl: str = "for-loop") -> tuple[float, float]:
+    """The optimizer step's temporaries as ``(of_largest, of_all)``: factors of the
+    largest parameter shard and of every shard together (``impl``: its kernels,
+    ``trace.optimizer_names.OPTIMIZER_IMPLS``, resolved). No optimizer: none."""
+    if optimizer is None or impl == "fused":
+        return 0.0, 0.0
+    name = optimizer.lower() if isinstance(optimizer, str) else "adamw"
+    if impl == "foreach":
+        return 0.0, OPTIMIZER_FOREACH_TEMP_FACTOR.get(name, 1.0)
+    return OPTIMIZER_TEMP_FACTOR.get(name, 2.0), 0.0
+
+
+def optimizer_temp_bytes(optimizer, impl: str, largest_bytes: float, all_bytes: float) -> float:
+    """The temporaries of ``optimizer``'s step with ``impl``'s kernels over parameter
+    shards whose largest has ``largest_bytes`` and all together ``all_bytes``."""
+    of_largest, of_all = optimizer_temporaries(optimizer, impl)
+    return of_largest * largest_bytes + of_all * all_bytes
 
 
 @dataclass
@@ -400,7 +422,8 @@ def estimate_memory(table, choice: dict[str, int], line: Timeline, optimizer="ad
     in_kernels = during >= after
     backward = base + later_grads + later_buckets + np.maximum(during, after)
     forward = base + (kept - m.saved) + m.fwd
-    opt_temp = optimizer_temp_factor(optimizer) * m.largest_param_bytes
+    opt_temp = optimizer_temp_bytes(optimizer, table.optimizer_impl, m.largest_param_bytes,
+                                    grads_total)
     candidates = [(base + grads_total + opt_temp, "optimizer step", -1, "opt")]
     if n:
         i, j = int(np.argmax(backward)), int(np.argmax(forward))

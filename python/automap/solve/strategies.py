@@ -117,6 +117,9 @@ class StrategyTable:
     nodes: dict[str, NodeOptions]
     unsupported_ops: dict[str, list[str]] = field(default_factory=dict)  # op -> node names
     optimizer: str = "adamw"
+    #: The kernels of the optimizer's step (``OPTIMIZER_IMPLS``, resolved: not
+    #: "auto"), which size its temporaries (``solve.memory.optimizer_temporaries``).
+    optimizer_impl: str = "for-loop"
     #: Bytes per element of the bucketed gradient all-reduce under mixed
     #: precision (its ``reduce_dtype``); None: each gradient's own dtype.
     gradient_reduce_bytes: int | None = None
@@ -174,11 +177,13 @@ def build_strategy_table(
     memory_bandwidth_bytes_per_s: float | None = None,
     op_overhead_s: float | None = None,
     optimizer: str = "adamw",
+    optimizer_impl: str = "for-loop",
     strict: bool = False,
 ) -> StrategyTable:
     """Strategies of every node of ``traced`` (a ``TracedGraph``) on ``mesh``,
     priced with ``profile`` (a ``Profile`` of the same graph) on ``device``
-    (default: the given speeds, the rest measured on this process's device)."""
+    (default: the given speeds, the rest measured on this process's device);
+    ``optimizer_impl``: its step's kernels (resolved, not "auto")."""
     if device is None:
         device = resolve_device_profile(flops_per_s=flops_per_s,
                                         memory_bandwidth_bytes_per_s=memory_bandwidth_bytes_per_s,
@@ -252,7 +257,7 @@ def build_strategy_table(
                 node.optimizer_s = None
     setting = getattr(traced, "mixed_precision", None)
     return StrategyTable(mesh, nodes, unsupported,
-                         optimizer if isinstance(optimizer, str) else "adamw",
+                         optimizer if isinstance(optimizer, str) else "adamw", optimizer_impl,
                          None if setting is None else setting.reduce_dtype.itemsize)
 
 

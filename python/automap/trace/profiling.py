@@ -60,16 +60,20 @@ log = logging.getLogger(__name__)
 
 FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
 
-#: The optimizers known by name; ``sgd_momentum`` keeps one momentum buffer per
+#: The optimizers known by name, built with the keywords that choose their
+#: kernels (``_IMPL_KEYWORDS``); ``sgd_momentum`` keeps one momentum buffer per
 #: parameter, ``adam``/``adamw`` two moments and a step counter.
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
-    "sgd": lambda params, foreach: torch.optim.SGD(params, lr=1e-2, foreach=foreach),
-    "sgd_momentum": lambda params, foreach: torch.optim.SGD(
-        params, lr=1e-2, momentum=0.9, foreach=foreach
+    "sgd": lambda params, kernels: torch.optim.SGD(params, lr=1e-2, **kernels),
+    "sgd_momentum": lambda params, kernels: torch.optim.SGD(
+        params, lr=1e-2, momentum=0.9, **kernels
     ),
-    "adam": lambda params, foreach: torch.optim.Adam(params, foreach=foreach),
-    "adamw": lambda params, foreach: torch.optim.AdamW(params, foreach=foreach),
+    "adam": lambda params, kernels: torch.optim.Adam(params, **kernels),
+    "adamw": lambda params, kernels: torch.optim.AdamW(params, **kernels),
 }
+#: The constructor keywords of each ``OPTIMIZER_IMPLS`` kernel choice.
+_IMPL_KEYWORDS = {"for-loop": {"foreach": False}, "foreach": {"foreach": True},
+                  "fused": {"fused": True}}
 
 OptimizerArg = str | Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None
 
@@ -424,18 +428,23 @@ def _make_state(traced: TracedGraph, device: torch.device) -> _State:
 
 
 def make_optimizer(
-    optimizer: OptimizerArg, params: list[torch.Tensor], device: torch.device
+    optimizer: OptimizerArg, params: list[torch.Tensor], device: torch.device,
+    impl: str = "auto",
 ) -> tuple[torch.optim.Optimizer | None, str]:
+    """The optimizer ``optimizer`` names over ``params``, its step running the
+    kernels ``impl`` names (``OPTIMIZER_IMPLS``; a callable builds its own)."""
     if optimizer is None or not params:
         return None, "none"
     if callable(optimizer):
         return optimizer(params), getattr(optimizer, "__name__", type(optimizer).__name__)
     if optimizer not in OPTIMIZERS:
         raise AutomapError(f"unknown optimizer {optimizer!r}; use one of {sorted(OPTIMIZERS)}")
-    # Eager PyTorch picks the multi-tensor (foreach) kernels on accelerators and the
-    # per-tensor loop on CPU; their temporaries differ, so choose as it would for real
-    # tensors (it cannot tell from FakeTensors).
-    return OPTIMIZERS[optimizer](params, device.type != "cpu"), optimizer
+    # "auto": eager PyTorch picks the multi-tensor (foreach) kernels on accelerators
+    # and the per-tensor loop on CPU; their temporaries differ, so choose as it would
+    # for real tensors (it cannot tell from FakeTensors).
+    if impl == "auto":
+        impl = "for-loop" if device.type == "cpu" else "foreach"
+    return OPTIMIZERS[optimizer](params, _IMPL_KEYWORDS[impl]), optimizer
 
 
 def create_optimizer_state(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
@@ -447,7 +456,7 @@ def create_optimizer_state(opt: torch.optim.Optimizer, params: list[torch.Tensor
         p.grad = torch.zeros_like(p)
     kernels = [group.get("foreach") for group in opt.param_groups]
     for group in opt.param_groups:
-        if "foreach" in group:
+        if "foreach" in group and not group.get("fused"):  # torch refuses both
             group["foreach"] = True
     try:
         opt.step()
