@@ -517,6 +517,24 @@ def test_the_stage_model_holds_what_the_simulated_stage_holds(schedule, stages, 
     assert max(errors) <= 0.01, errors
 
 
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_a_stage_peaking_in_its_gradient_sync_is_modelled(schedule):
+    """Data parallel inside each stage (fast FLOPs: the 2-way submesh
+    replicates its 3 layers), the first stage peaks after its last backward,
+    while every gradient's bucket copy waits for its all-reduce. The stage
+    model holds the chunk's synced gradients once more then; without them the
+    stage modelled 6.3 % under its simulated step."""
+    with torch.device("meta"):
+        model, inputs = DeepMLP(256), (torch.randn(256, 256),)
+    plan = automap.plan(model, inputs, DeviceMesh((4,)), loss_fn=mean_square_loss,
+                        pipeline=2, microbatches=4, schedule=schedule,
+                        flops_per_s=1e12, memory_bandwidth_bytes_per_s=1e15,
+                        op_overhead_s=1e-12)
+    errors = [p["modelled_bytes"] / p["simulated_bytes"] - 1
+              for p in plan.solver["pipeline_stage_peaks"]]
+    assert max(abs(e) for e in errors) <= 0.005, errors
+
 def test_a_budget_below_the_simulated_peak_is_planned_again_or_named(simulated_pipeline):
     """Under a budget just below the unconstrained plan's simulated worst stage,
     the planner returns a plan whose simulated stages fit, or names a budget at
