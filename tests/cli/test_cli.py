@@ -71,6 +71,7 @@ def test_output_path_is_checked_before_planning(tmp_path):
     (["plan", "x.py:f", "--mesh", "2", "--flops", "nan"], "finite number > 0"),
     (["plan", "x.py:f", "--mesh", "0x2"], "not a mesh shape"),
     (["plan", "x.py:f", "--mesh", "2", "--bandwidth", "inf"], "finite numbers"),
+    (["plan", "x.py:f", "--mesh", "2", "--optimizer-impl", "fast"], "invalid choice"),
     (["estimate", "x.py:f", "--device", "bogus"], "not a device"),
     (["estimate", "x.py:f", "--batch", "-3"], "integer >= 1"),
     (["detect", "-o", "/nodir/c.json", "--local", "2"], "no folder"),

@@ -110,3 +110,20 @@ def test_the_stage_model_follows_the_kernels(schedule):
     errors = [p["modelled_bytes"] / p["simulated_bytes"] - 1 for p in peaks]
     assert max(abs(e) for e in errors) <= 0.02, errors
 
+
+
+def test_the_command_line_plans_for_the_kernels_named(tmp_path, capsys):
+    from automap.cli import main
+    from automap.planner.plan import Plan
+
+    factory = tmp_path / "factory.py"
+    factory.write_text("import torch\n"
+                       "def build():\n"
+                       "    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),\n"
+                       "                                torch.nn.Linear(64, 8))\n"
+                       "    return model, (torch.randn(4, 64),)\n")
+    out = tmp_path / "plan.json"
+    assert main(["plan", f"{factory}:build", "--mesh", "2", "--flops", "1e12",
+                 "--optimizer-impl", "foreach", "-o", str(out)]) == 0
+    assert "adamw stepping with foreach kernels" in capsys.readouterr().out
+    assert Plan.from_json(out).cost_constants["optimizer_impl"] == "foreach"
