@@ -13,10 +13,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from automap.trace.allocator_events import allocation_peak_bytes
-
-#: The optimizer's keywords per ``optimizer_impl`` a plan records.
-OPTIMIZER_KERNELS = {"for-loop": {"foreach": False}, "foreach": {"foreach": True},
-                     "fused": {"fused": True}}
+from automap.trace.profiling import IMPL_KEYWORDS
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
@@ -116,7 +113,7 @@ def measure_plan(rank: int, world: int, name: str, plan_path: str, timed_steps: 
     # The kernels the plan sized the step's temporaries for (torch's default on
     # this device where it says "auto" or nothing).
     impl = optimizer_impl or plan.cost_constants.get("optimizer_impl", "auto")
-    opt = torch.optim.AdamW(module.parameters(), lr=1e-3, **OPTIMIZER_KERNELS.get(impl, {}))
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-3, **IMPL_KEYWORDS.get(impl, {}))
 
     def step() -> float:
         loss = _call(module, inputs)

@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
 
 #: The optimizers known by name, built with the keywords that choose their
-#: kernels (``_IMPL_KEYWORDS``); ``sgd_momentum`` keeps one momentum buffer per
+#: kernels (``IMPL_KEYWORDS``); ``sgd_momentum`` keeps one momentum buffer per
 #: parameter, ``adam``/``adamw`` two moments and a step counter.
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "sgd": lambda params, kernels: torch.optim.SGD(params, lr=1e-2, **kernels),
@@ -71,8 +71,9 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "adam": lambda params, kernels: torch.optim.Adam(params, **kernels),
     "adamw": lambda params, kernels: torch.optim.AdamW(params, **kernels),
 }
-#: The constructor keywords of each ``OPTIMIZER_IMPLS`` kernel choice.
-_IMPL_KEYWORDS = {"for-loop": {"foreach": False}, "foreach": {"foreach": True},
+#: The constructor keywords of torch's optimizers per kernel choice
+#: (``trace.optimizer_names.OPTIMIZER_IMPLS`` but "auto").
+IMPL_KEYWORDS = {"for-loop": {"foreach": False}, "foreach": {"foreach": True},
                   "fused": {"fused": True}}
 
 OptimizerArg = str | Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None
@@ -444,7 +445,7 @@ def make_optimizer(
     # for real tensors (it cannot tell from FakeTensors).
     if impl == "auto":
         impl = "for-loop" if device.type == "cpu" else "foreach"
-    return OPTIMIZERS[optimizer](params, _IMPL_KEYWORDS[impl]), optimizer
+    return OPTIMIZERS[optimizer](params, IMPL_KEYWORDS[impl]), optimizer
 
 
 def create_optimizer_state(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
