@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import automap  # noqa: E402
 from automap.launch import run_on_gloo  # noqa: E402
+from automap.trace.optimizer_names import OPTIMIZER_IMPLS  # noqa: E402
 from trust_workers import build, measure_plans  # noqa: E402
 
 MESH = (4,)
@@ -148,8 +149,7 @@ def main(argv=None) -> int:
     parser.add_argument("models", nargs="*", default=["mlp", "gpt2", "resnet", "mlp_state"])
     parser.add_argument("--quick", action="store_true",
                         help="two budgets only: unconstrained, and half-way to the least")
-    parser.add_argument("--optimizer-impl", default="auto",
-                        choices=("auto", "for-loop", "foreach", "fused"),
+    parser.add_argument("--optimizer-impl", default="auto", choices=OPTIMIZER_IMPLS,
                         help="the kernels AdamW steps with, planned for and measured "
                              "(auto: torch's default, for-loop on CPU)")
     args = parser.parse_args(argv)

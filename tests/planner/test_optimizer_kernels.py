@@ -5,9 +5,9 @@ every second moment at once: one more tensor per parameter shard, where the
 for-loop holds two of the largest shard's. A plan made for the for-loop and run
 with foreach (every GPU run before ``optimizer_impl``) was measured 10 % under
 on 4 gloo ranks (the trust bench's ``mlp_state`` run with AdamW(foreach=True)).
-The model, the ILP's rows,
-the checkpoint chain, the stage model and the simulated step follow the kernels
-the plan names; ``"auto"`` names torch's default for the mesh's backend."""
+The model, the ILP's rows, the checkpoint chain, the stage model and the
+simulated step follow the kernels the plan names; ``"auto"`` names torch's
+default for the mesh's backend."""
 
 from __future__ import annotations
 
