@@ -324,7 +324,7 @@ def _plan_pipelined(model, example_inputs, mesh, memory_budget_bytes, counts, mi
     from automap.trace.profiling import profile_traced
     from automap.trace.tracing import trace
 
-    backend = mesh.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = _backend_of(mesh)
     traces: dict[int, Microbatched] = {}
     reduced: list = []
 
@@ -382,6 +382,12 @@ def _plan_pipelined(model, example_inputs, mesh, memory_budget_bytes, counts, mi
                            recompute=recompute)
 
 
+def _backend_of(mesh: DeviceMesh, backend: str | None = None) -> str:
+    """The backend a plan on ``mesh`` is simulated and its optimizer resolved for:
+    ``backend``, else the mesh's, else NCCL where this process sees a GPU, else gloo."""
+    return backend or mesh.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+
+
 def parameter_dtype(traced) -> torch.dtype:
     """The dtype the matmuls compute in (their rate is measured in it): the
     mixed-precision compute dtype, else the dtype most parameter bytes have."""
@@ -423,7 +429,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     memory_budget_bytes = check_budget(memory_budget_bytes)
     optimizer = check_optimizer(optimizer)
     check_choice(optimizer_impl, "optimizer_impl", OPTIMIZER_IMPLS)
-    backend = backend or mesh.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = _backend_of(mesh, backend)
     optimizer_impl = resolve_optimizer_impl(optimizer_impl, backend)
     flops_per_s = check_flops(flops_per_s)
     check_time_limit(time_limit_s)
