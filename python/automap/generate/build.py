@@ -29,14 +29,11 @@ from automap.sharding.collectives import (
 from automap.sharding.spec import ShardingSpec
 from automap.solve.fsdp import fused_gather
 from automap.solve.gradient_buckets import deferrable
-from automap.solve.signatures import op_family, signature, written_args
+from automap.solve.signatures import VIEWS_OF_BASE, op_family, signature, written_args
 
 _BIAS_OPS = {"linear": 2, "addmm": 0, "baddbmm": 0, "conv1d": 2, "conv2d": 2, "conv3d": 2,
              "conv_transpose1d": 2, "conv_transpose2d": 2, "conv_transpose3d": 2}
 #: Ops whose output shares its input's storage (writes into it reach the input).
-_VIEWS_OF_BASE = {"slice", "select", "narrow", "view", "_unsafe_view", "reshape", "unsqueeze",
-                  "squeeze", "transpose", "permute", "t", "expand", "alias", "diagonal",
-                  "as_strided", "unflatten", "flatten"}
 _WITHOUT_BIAS = {"addmm": torch.ops.aten.mm.default, "baddbmm": torch.ops.aten.bmm.default}
 
 
@@ -148,7 +145,7 @@ class _Pass:
             return self.em.convert(value, self.spec_of(producer, index), node_plan.inputs[0],
                                    _tensor_val(node).shape, _dtype_bytes(node))
         args, kwargs = self.inputs(node, node_plan)
-        if family in _VIEWS_OF_BASE and isinstance(node.args[0], fx.Node):
+        if family in VIEWS_OF_BASE and isinstance(node.args[0], fx.Node):
             self.view_base[node.name] = (node.args[0], args[0] is self.env[node.args[0].name])
         self.check_in_place(node, args, kwargs)
         partial = list(node_plan.partial_axes)

@@ -925,6 +925,14 @@ def _wrapped_subgraph(node: fx.Node, attrs: dict | None = None
     return None
 
 
+#: Op families whose output may be a view of their first argument: an in-place
+#: write into such an output writes into that argument too.
+VIEWS_OF_BASE = frozenset({
+    "slice", "select", "narrow", "view", "_unsafe_view", "reshape", "unsqueeze", "squeeze",
+    "transpose", "permute", "t", "expand", "alias", "diagonal", "as_strided", "unflatten",
+    "flatten"})
+
+
 def written_args(node: fx.Node, attrs: dict | None = None) -> list[fx.Node]:
     """The tensors ``node`` writes in place: its schema's mutable arguments, a
     training batch norm's running statistics (its schema does not say so), and

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
+from torch import fx
 
 from automap import _core
 from automap.cluster.device import DeviceProfile, resolve_device_profile
@@ -18,7 +19,14 @@ from automap.errors import AutomapError, UnsupportedOpError
 from automap.sharding.layout import layout_path
 from automap.sharding.spec import ShardingSpec, enumerate_specs
 from automap.solve.local_scratch import local_scratch_bytes
-from automap.solve.signatures import Signature, TensorRef, op_family, signature, written_args
+from automap.solve.signatures import (
+    VIEWS_OF_BASE,
+    Signature,
+    TensorRef,
+    op_family,
+    signature,
+    written_args,
+)
 from automap.trace.causal_mask import CAUSAL_MASK
 
 #: Optimizer state per parameter byte (fp32 state for fp32 parameters).
@@ -198,6 +206,7 @@ def build_strategy_table(
     unsupported: dict[str, list[str]] = {}
     params: set[str] = set()  # trainable parameter placeholders
     memo: dict = {}  # einsum strategies per distinct question (_op_options)
+    read: dict[str, list[TensorRef]] = {}  # each op's signature inputs
     graph = traced.graph
 
     for node in graph.nodes:
@@ -226,6 +235,7 @@ def build_strategy_table(
             prof = profile.by_name.get(node.name) if profile is not None else None
             nodes[node.name] = _op_options(node, sig, ins, outs, grads, prof, mesh, shard_count,
                                            device, params, memo)
+            read[node.name] = sig.inputs
             written = {a.name for a in written_args(node)}
             nodes[node.name].written_inputs = frozenset(
                 k for k, (p, _) in enumerate(sig.inputs) if p in written)
@@ -239,6 +249,7 @@ def build_strategy_table(
             nodes[node.name] = _fixed_options(node.name, "output", "output", refs, [],
                                               [replicated], [()])
 
+    _mark_written_views(graph, nodes, read)
     if unsupported:
         listing = ", ".join(f"{op} ({len(names)}x)" for op, names in sorted(unsupported.items()))
         message = f"no sharding generator for: {listing}; these nodes run replicated"
@@ -278,6 +289,26 @@ def _fixed_options(name, op, kind, inputs, outputs, in_specs, out_specs) -> Node
     n = len(in_specs)
     return NodeOptions(name, op, kind, inputs, outputs, in_specs, out_specs,
                        *(np.zeros(n) for _ in PER_STRATEGY))
+
+
+def _mark_written_views(graph, nodes: dict[str, NodeOptions],
+                        read: dict[str, list[TensorRef]]) -> None:
+    """A write into a view writes into its base (``shifted[:, 1:] = ids[:, :-1]``
+    copies into a slice of ``new_zeros``): every view on the way must read its
+    base as produced, as the written input itself must arrive, or the write goes
+    to a converted copy. (Only the written input was held so before: the
+    least-memory plan of T5 on (2,) converted the base of such a slice, and the
+    generator refused it.)"""
+    for node in graph.nodes:
+        for view in written_args(node):
+            while (view.op == "call_function" and op_family(view) in VIEWS_OF_BASE
+                   and view.name in nodes and view.args and isinstance(view.args[0], fx.Node)):
+                base = view.args[0].name
+                ks = frozenset(k for k, (p, _) in enumerate(read.get(view.name, ())) if p == base)
+                if not ks:
+                    break
+                nodes[view.name].written_inputs |= ks
+                view = view.args[0]
 
 
 def _source_options(name, outs, mesh, shard_count, state, opt_factor, opt_step,
