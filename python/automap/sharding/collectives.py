@@ -160,14 +160,20 @@ def _stack_chunks(x: torch.Tensor, dim: int, n: int, order) -> torch.Tensor:
 
 def _flat_gather(x: torch.Tensor, dim: int, g: AxisGroup) -> Steps:
     given, x = x, x.contiguous()
-    out = x.new_empty((g.size * x.shape[0],) + tuple(x.shape[1:]))
+    shape = tuple(x.shape)
+    out = x.new_empty((g.size * shape[0],) + shape[1:])
     yield _launch(dist.all_gather_into_tensor, g, out, x, staged=out)
-    stacked = out.view((g.size,) + tuple(x.shape))
-    if g.shard_of_group_rank is not None:
-        stacked = stacked[list(g.group_rank_of_shard)]
-    result = _merge_leading(stacked, dim)
     if not _shares_storage(x, given):
         free_temporary(x)
+    del x, given
+    # Each copy on the way frees what it copied (a simulated step, by reference).
+    stacked = out.view((g.size,) + shape)
+    if g.shard_of_group_rank is not None:
+        stacked = stacked[list(g.group_rank_of_shard)]
+        free_temporary(out)
+        out = stacked
+    result = _merge_leading(stacked, dim)
+    del stacked
     if not _shares_storage(out, result):
         free_temporary(out)
     return result
@@ -175,14 +181,22 @@ def _flat_gather(x: torch.Tensor, dim: int, g: AxisGroup) -> Steps:
 
 def _flat_all_to_all(x: torch.Tensor, src_dim: int, dst_dim: int, g: AxisGroup) -> Steps:
     send = _stack_chunks(x, dst_dim, g.size, g.shard_of_group_rank)
-    received = recv = torch.empty_like(send)
+    recv = torch.empty_like(send)
     yield _launch(dist.all_to_all_single, g, recv, send)
-    if g.shard_of_group_rank is not None:
-        recv = recv[list(g.group_rank_of_shard)]
-    result = _merge_leading(recv, src_dim)
+    # The send buffer goes before the received blocks are copied into place
+    # (merged along a dim other than the first): the step holds two buffers of
+    # the result's size, as the memory model counts, not three (a simulated
+    # step frees them as their references go).
     free_temporary(send)
-    if not _shares_storage(received, result):
-        free_temporary(received)
+    del send
+    if g.shard_of_group_rank is not None:
+        ordered = recv[list(g.group_rank_of_shard)]
+        free_temporary(recv)
+        recv = ordered
+        del ordered
+    result = _merge_leading(recv, src_dim)
+    if not _shares_storage(recv, result):
+        free_temporary(recv)
     return result
 
 
