@@ -33,7 +33,6 @@ from automap.solve.signatures import VIEWS_OF_BASE, op_family, signature, writte
 
 _BIAS_OPS = {"linear": 2, "addmm": 0, "baddbmm": 0, "conv1d": 2, "conv2d": 2, "conv3d": 2,
              "conv_transpose1d": 2, "conv_transpose2d": 2, "conv_transpose3d": 2}
-#: Ops whose output shares its input's storage (writes into it reach the input).
 _WITHOUT_BIAS = {"addmm": torch.ops.aten.mm.default, "baddbmm": torch.ops.aten.bmm.default}
 
 
