@@ -112,7 +112,6 @@ def test_the_stage_model_follows_the_kernels(schedule):
     assert max(abs(e) for e in errors) <= 0.02, errors
 
 
-
 def test_the_command_line_plans_for_the_kernels_named(tmp_path, capsys):
     from automap.cli import main
     from automap.planner.plan import Plan

@@ -74,7 +74,7 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
 #: The constructor keywords of torch's optimizers per kernel choice
 #: (``trace.optimizer_names.OPTIMIZER_IMPLS`` but "auto").
 IMPL_KEYWORDS = {"for-loop": {"foreach": False}, "foreach": {"foreach": True},
-                  "fused": {"fused": True}}
+                 "fused": {"fused": True}}
 
 OptimizerArg = str | Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None
 
