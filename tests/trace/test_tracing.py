@@ -270,3 +270,11 @@ def test_mixed_precision_casts_the_inputs_of_an_op_autocast_casts_inside():
                    mixed_precision="bf16")
     einsum = next(n for n in traced.graph.nodes if n.name == "einsum")
     assert {a.meta["val"].dtype for a in einsum.args[1]} == {torch.bfloat16}
+
+
+def test_inputs_on_another_device_than_the_model_name_both():
+    """A GPU run's bench passed its batch on the GPU with the model still on the
+    CPU: export's error named a FakeTensor device propagation in aten.mm."""
+    with pytest.raises(TraceError, match=r"inputs are on meta and the model's parameters on "
+                                         r"cpu: .*pass example inputs on cpu"):
+        trace(nn.Linear(4, 2), (torch.randn(8, 4, device="meta"),), loss_fn=default_loss)

@@ -342,6 +342,7 @@ def trace(
         raise TraceError(f"trace expects an nn.Module, got {type(model).__name__}")
     setting = resolve_mixed_precision(mixed_precision)
     args, kwargs = distinct_inputs(*split_inputs(example_inputs))
+    _check_one_device(model, args, kwargs)
     is_hf = hf_compat.is_hf_model(model)
     step = _Step(model, loss_fn, hf_compat.call_kwargs(model) if is_hf else {})
     step.training = model.training  # not .train(): it would reset every submodule's mode
@@ -430,6 +431,24 @@ def _check_operand_dtypes(graph_module: torch.fx.GraphModule) -> None:
                 f"{name} in {where or 'the model'} reads tensors of dtypes "
                 f"{sorted(dtypes)}; eager PyTorch refuses the mix. Give example inputs of "
                 "the model's dtype (or cast the model), or use mixed_precision=...")
+
+
+def _check_one_device(model: nn.Module, args: Any, kwargs: Any) -> None:
+    """A ``TraceError`` naming both devices where the example inputs are on one
+    device and the model's state on another: the trace runs the model on its
+    inputs (a GPU run's batch with the model still on the CPU, say). The module
+    ``apply`` and ``autoparallelize`` return runs on their ``device`` whatever
+    device it was traced on, so trace where the model is."""
+    inputs = {t.device for t in pytree.tree_leaves((args, kwargs))
+              if isinstance(t, torch.Tensor) and t.dim() > 0}
+    state = {t.device for t in [*model.parameters(), *model.buffers()]}
+    if len(inputs) == 1 and len(state) == 1 and inputs != state:
+        (on_inputs,), (on_model,) = inputs, state
+        raise TraceError(
+            f"the example inputs are on {on_inputs} and the model's parameters on "
+            f"{on_model}: trace both on one device (pass example inputs on {on_model}, and "
+            f"a loss_fn whose tensors are there too; the module automap returns runs on "
+            f"its device= and takes its inputs there)")
 
 
 def _first_device_type(args: Any, kwargs: Any, model: nn.Module) -> str:
