@@ -107,9 +107,12 @@ def measure_plan(rank: int, world: int, name: str, plan_path: str, timed_steps: 
     if dev.type == "cuda":
         dev = torch.device("cuda", dev.index or 0)
         torch.cuda.set_device(dev)
-    model, inputs, loss_fn = build(name, dev)
+    # Traced where the model is (the CPU; a closure's labels become the graph's
+    # constants, which the generated module holds on ``dev``), trained on ``dev``.
+    model, example_inputs, loss_fn = build(name, "cpu")
     plan = Plan.from_json(plan_path)
-    module = apply(plan, model, inputs, loss_fn=loss_fn, device=dev)
+    module = apply(plan, model, example_inputs, loss_fn=loss_fn, device=dev)
+    inputs = pytree.tree_map_only(torch.Tensor, lambda t: t.to(dev), example_inputs)
     # The kernels the plan sized the step's temporaries for (torch's default on
     # this device where it says "auto" or nothing).
     impl = optimizer_impl or plan.cost_constants.get("optimizer_impl", "auto")
