@@ -124,8 +124,11 @@ def run_on_gloo(fn, world_size: int, *args, timeout_s: float = 300.0) -> list:
                     raise TimeoutError(f"{world_size} gloo processes did not finish in "
                                        f"{timeout_s:.0f} s")
         except ProcessException as e:
-            errors = sorted(f for f in os.listdir(result_dir) if f.endswith(".err"))
-            detail = open(os.path.join(result_dir, errors[0])).read() if errors else str(e)
+            # The first rank to fail is the cause; the others' errors (a peer
+            # that closed its connection) follow from it.
+            errors = sorted((os.path.join(result_dir, f) for f in os.listdir(result_dir)
+                             if f.endswith(".err")), key=os.path.getmtime)
+            detail = open(errors[0]).read() if errors else str(e)
             raise RuntimeError(f"rank process failed:\n{detail}") from None
         finally:
             # On any way out (an error, a timeout, a test's own timeout or ^C) no

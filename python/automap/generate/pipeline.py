@@ -36,12 +36,14 @@ from torch.distributed.pipelining import (
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
 )
+from torch.torch_version import TorchVersion
 
 from automap.errors import InputMismatchError, InvalidPipelineError, PipelineError
 from automap.generate.microbatch_loss import check_batch_statistics, microbatch_weights
 from automap.generate.module import InputCheck, ParallelModule
 from automap.generate.pipeline_order import interleaved_rounds
 from automap.generate.pipeline_stage import BuiltStage, build_stages
+from automap.generate.schedule_call import run_schedule
 from automap.sharding.collectives import DEFAULT_BUCKET_BYTES
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
@@ -78,7 +80,30 @@ def generate_pipeline(traced, plan, model: nn.Module, *, device=None, seed: int 
     device = torch.device(device or "cpu")
     built = build_stages(traced, plan, model, device=device, seed=seed,
                          grad_bucket_bytes=grad_bucket_bytes)
+    _check_received_dtypes(built)
     return PipelineModule(built, traced, plan, device)
+
+
+#: The first torch whose pipelining trains a stage that receives a tensor
+#: without gradients (token ids or labels a later stage reads).
+RECEIVES_INTEGERS_SINCE = "2.13"
+
+
+def _check_received_dtypes(built: list[BuiltStage]) -> None:
+    """A ``PipelineError`` where a stage receives a non-floating-point tensor and
+    this torch's pipelining cannot train it: before 2.13 every received buffer is
+    made to require gradients (an integer one raises) and a gradient is sent
+    back for each (an integer input has none, which raises too)."""
+    if TorchVersion(torch.__version__) >= RECEIVES_INTEGERS_SINCE:
+        return
+    for stage in built:
+        kinds = sorted({str(m.dtype) for m in stage.input_metas if not m.is_floating_point()})
+        if stage.index > 0 and kinds:
+            raise PipelineError(
+                f"stage {stage.index} of this plan receives {', '.join(kinds)} tensors from "
+                f"stage {stage.index - 1}, which torch {torch.__version__}'s pipelining "
+                f"cannot train (torch >= {RECEIVES_INTEGERS_SINCE} can): upgrade torch, or "
+                f"plan with pipeline='off'")
 
 
 class _SendContiguous(nn.Module):
@@ -237,10 +262,9 @@ class PipelineModule(nn.Module):
                 with contextlib.ExitStack() as deferred:
                     for chunk in self.chunks:
                         deferred.enter_context(chunk.gradient_sync.deferred())
-                    self._schedule.step(arg_mbs=arg_mbs, target_mbs=targets, losses=losses,
-                                        return_outputs=False)
+                    run_schedule(self._schedule, arg_mbs, targets, losses, backward=True)
             else:
-                self._schedule.eval(arg_mbs=arg_mbs, target_mbs=targets, losses=losses)
+                run_schedule(self._schedule, arg_mbs, targets, losses, backward=False)
         if torch.is_grad_enabled():
             self._sum_shared_gradients()
         total = torch.zeros((), dtype=self._loss_dtype, device=self._device)
