@@ -25,7 +25,9 @@ class _MaskedAttention(nn.Module):
 def test_attentions_mask_copy_is_attributed_to_the_mask():
     q, k, v = (torch.randn(4, 4, 17, 8, requires_grad=True) for _ in range(3))
     mask = torch.ones(4, 1, 17, 17, dtype=torch.bool)
-    p = profile(_MaskedAttention(), (q, k, v, mask), None, loss_fn=lambda out: out.sum())
+    # On the CPU (a model without parameters is profiled for CUDA where one is visible).
+    p = profile(_MaskedAttention(), (q, k, v, mask), None, loss_fn=lambda out: out.sum(),
+                device="cpu")
     attention = next(n for n in p.nodes if "attention" in n.op)
     shaped = attention.fwd_tmp_input_bytes
     assert list(shaped.values()) == [4 * 1 * 17 * 17 * 4]  # the mask, in float32
