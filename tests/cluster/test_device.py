@@ -78,3 +78,19 @@ def _links(n: int):
     alpha = [[0.0 if i == j else 1e-5 for j in range(n)] for i in range(n)]
     bandwidth = [[0.0 if i == j else 1e10 for j in range(n)] for i in range(n)]
     return alpha, bandwidth
+
+
+def test_a_mesh_is_planned_with_the_speeds_of_its_backends_devices(monkeypatch):
+    """Without speeds, a gloo mesh is planned with this CPU's and an NCCL one
+    with a GPU's (this one's, or ``GPU_FALLBACK`` where none is visible): an
+    NCCL mesh planned on a CPU took the CPU's figures, a gloo mesh planned
+    where a GPU is visible the GPU's."""
+    cpu = DeviceProfile(2e10, 3e10, 4e-6)
+    monkeypatch.setitem(device_module._measured,
+                        ("cpu", torch.float32, torch.get_num_threads()), cpu)
+    model, inputs, loss = mlp()
+    on_cpus = plan(model, inputs, DeviceMesh((2,), backend="gloo"), loss_fn=loss)
+    assert {k: on_cpus.cost_constants[k] for k in cpu.to_dict()} == cpu.to_dict()
+    if not torch.cuda.is_available():
+        on_gpus = plan(model, inputs, DeviceMesh((2,), backend="nccl"), loss_fn=loss)
+        assert {k: on_gpus.cost_constants[k] for k in GPU_FALLBACK} == GPU_FALLBACK

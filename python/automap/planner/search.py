@@ -269,7 +269,7 @@ def plan(
     device = resolve_device_profile(
         flops_per_s=flops_per_s, memory_bandwidth_bytes_per_s=memory_bandwidth_bytes_per_s,
         op_overhead_s=op_overhead_s, shared_slowdown=shared_slowdown, known=known,
-        kind=(known or {}).get("kind"),
+        kind=(known or {}).get("kind") or _device_kind(_backend_of(meshes[0])),
         dtype=parameter_dtype(traced))
     t1 = time.perf_counter()
     log.debug("traced and profiled %d nodes in %.2f s", len(traced.nodes), t1 - t0)
@@ -388,6 +388,13 @@ def _backend_of(mesh: DeviceMesh, backend: str | None = None) -> str:
     return backend or mesh.backend or ("nccl" if torch.cuda.is_available() else "gloo")
 
 
+def _device_kind(backend: str) -> str:
+    """The devices a plan's backend runs on, whose speeds it is planned with
+    where none are given: GPUs under NCCL, CPUs otherwise (a gloo mesh planned
+    where a GPU is visible, or an NCCL one where none is)."""
+    return "cuda" if backend == "nccl" else "cpu"
+
+
 def parameter_dtype(traced) -> torch.dtype:
     """The dtype the matmuls compute in (their rate is measured in it): the
     mixed-precision compute dtype, else the dtype most parameter bytes have."""
@@ -437,7 +444,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     if device is None:
         device = resolve_device_profile(
             flops_per_s=flops_per_s, memory_bandwidth_bytes_per_s=memory_bandwidth_bytes_per_s,
-            op_overhead_s=op_overhead_s, dtype=parameter_dtype(traced))
+            op_overhead_s=op_overhead_s, kind=_device_kind(backend), dtype=parameter_dtype(traced))
     t0 = time.perf_counter()
     with stage(log, f"built the strategy table on mesh {mesh.shape}",
                    min_s=1.0) as building:
