@@ -38,4 +38,3 @@ def run_schedule(schedule: Any, arg_mbs: list | None, target_mbs: list, losses: 
         loop(arg_mbs, None, target_mbs, losses, **extra)
     finally:
         schedule._has_backward = had_backward
-
