@@ -122,11 +122,11 @@ def train_family(rank: int, world: int, names: list[str], mesh_shape, seed: int 
     results = []
     for name in names:
         out = {"model": name}
+        payload = [None]
         try:
             model, inputs, loss_fn = model_matrix.build(name)
             model, inputs = model.double().train(), _float64(inputs)
             loss_fn = loss_fn or default_loss
-            payload = [None]
             if rank == 0:
                 start = time.perf_counter()
                 # Every speed given: a measured one moves with the machine's load
@@ -134,10 +134,26 @@ def train_family(rank: int, world: int, names: list[str], mesh_shape, seed: int 
                 plan = solve_plan(model, inputs, mesh, loss_fn=loss_fn, **speeds(FLOPS_PER_S))
                 out["plan_s"] = time.perf_counter() - start
                 payload = [plan.to_dict()]
-            dist.broadcast_object_list(payload, src=0)
-            plan = Plan.from_dict(payload[0])
-            traced = trace(model, inputs, loss_fn=loss_fn)
-            module = generate(traced, plan, model, groups)
+        except Exception as exc:  # reported per model; the family goes on
+            _failed(out, exc)
+        # Every rank reaches every collective of a model, failed or not: one rank
+        # failing alone left the others waiting in the next model's broadcast
+        # while it trained (torch 2.13's Mixtral: the test's 800 s timeout).
+        dist.broadcast_object_list(payload, src=0)
+        if payload[0] is None:
+            out.setdefault("error", "rank 0 could not plan it")
+        else:
+            try:
+                plan = Plan.from_dict(payload[0])
+                traced = trace(model, inputs, loss_fn=loss_fn)
+                module = generate(traced, plan, model, groups)
+            except Exception as exc:
+                _failed(out, exc)
+        if not _on_every_rank("error" not in out):
+            out.setdefault("error", "another rank could not trace or generate it")
+            results.append(out)
+            continue
+        try:
             losses, grads = _steps(module, inputs, None,
                                    lambda m: m.full_state_dict(gradients=True), seed)
             if rank == 0:
@@ -154,11 +170,22 @@ def train_family(rank: int, world: int, names: list[str], mesh_shape, seed: int 
                     replicated=sorted({n.op for n in plan.nodes.values()
                                        if n.kind == "replicate"}),
                     losses=losses, serial_losses=serial_losses)
-        except Exception as exc:  # reported per model; the family goes on
-            out["error"] = f"{type(exc).__name__}: {exc}"[:2000]
-            out["traceback"] = traceback.format_exc()[-4000:]
+        except Exception as exc:
+            _failed(out, exc)
         results.append(out)
     return results
+
+
+def _failed(out: dict, exc: Exception) -> None:
+    out["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+    out["traceback"] = traceback.format_exc()[-4000:]
+
+
+def _on_every_rank(ok: bool) -> bool:
+    """Whether ``ok`` holds on every rank (a collective)."""
+    flag = torch.tensor([1 if ok else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def format_row(r: dict) -> str:

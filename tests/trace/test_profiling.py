@@ -322,3 +322,42 @@ def test_optimizer_state_is_created_as_the_optimizers_own_kernels_would(name):
 
     assert state(create_optimizer_state) == state(own_kernels)
     assert state(create_optimizer_state)[1] == [False]
+
+
+@torch.library.custom_op("automap_test::value_scaled", mutates_args=())
+def _value_scaled(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return x * s
+
+
+@_value_scaled.register_fake
+def _(x, s):
+    return torch.empty_like(x)
+
+
+def _value_scaled_backward(ctx, grad):
+    (s,) = ctx.saved_tensors
+    return grad * s.tolist()[0], None  # a value: unknowable on FakeTensors
+
+
+_value_scaled.register_autograd(
+    _value_scaled_backward,
+    setup_context=lambda ctx, inputs, output: ctx.save_for_backward(inputs[1]))
+
+
+class _ReadsAValueInBackward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x, s):
+        return _value_scaled(self.fc(x), s).sum()
+
+
+def test_a_backward_that_reads_values_is_a_trace_error_naming_it():
+    """A custom op's backward that reads a tensor's values (transformers 5.17's
+    MoE fallback calls ``.tolist()``: Mixtral on torch 2.13) raised torch's
+    untyped DataDependentOutputException from ``automap.plan``."""
+    with pytest.raises(TraceError, match=r"_value_scaled_backward \(.*test_profiling\.py:\d+\)"
+                                         r": it reads tensor values"):
+        profile(_ReadsAValueInBackward(), (torch.randn(2, 4), torch.tensor([2.0])), "adamw",
+                loss_fn=lambda out: out)

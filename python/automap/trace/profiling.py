@@ -35,17 +35,24 @@ Per graph node, the paper's quantities (bytes are of storages, counted once):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
+import os
+import traceback
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import fx, nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+)
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
@@ -351,7 +358,8 @@ def profile_traced(
         raise AutomapError("estimating for device 'cuda' needs CUDA here; use device='cpu'")
     if device.type not in ("cpu", "meta") and device.index is None:
         device = torch.device(device.type, 0)  # what tensors created on "cuda" report
-    with stage(log, f"profiled a training step of {len(traced.nodes)} nodes on {device}"):
+    with stage(log, f"profiled a training step of {len(traced.nodes)} nodes on {device}"), \
+            _values_are_a_trace_error():
         with FakeTensorMode(allow_non_fake_inputs=False):
             state = _make_state(traced, device)
             opt, opt_name = make_optimizer(optimizer, state.trainable(), device)
@@ -372,6 +380,27 @@ def profile_traced(
                     opt.step()
                     opt.zero_grad(set_to_none=True)
     return rec.result(device, opt_name, gradient_bytes)
+
+
+@contextlib.contextmanager
+def _values_are_a_trace_error() -> Iterator[None]:
+    """A ``TraceError`` where the fake step needs a tensor's values: an op whose
+    output depends on the data, most often inside a custom op's backward, which
+    export keeps opaque (transformers 5.17's MoE fallback calls ``.tolist()`` in
+    its backward; before, the planner raised torch's untyped exception)."""
+    try:
+        yield
+    except (DataDependentOutputException, DynamicOutputShapeException) as exc:
+        ours = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if not f.filename.startswith(ours)]
+        where = (f" in {frames[-1].name} ({frames[-1].filename}:{frames[-1].lineno})"
+                 if frames else "")
+        raise TraceError(
+            f"a step on FakeTensors cannot run {getattr(exc, 'func', exc)}"
+            f"{where}: it reads tensor values (data-dependent), which planning cannot "
+            "know; make that code depend on shapes only (or use a version of the library "
+            "defining it that does)") from exc
 
 
 def _target_device(model: nn.Module, device: str | torch.device | None) -> torch.device:
