@@ -136,13 +136,14 @@ def train_family(rank: int, world: int, names: list[str], mesh_shape, seed: int 
                 payload = [plan.to_dict()]
         except Exception as exc:  # reported per model; the family goes on
             _failed(out, exc)
-        # Every rank reaches every collective of a model, failed or not: one rank
-        # failing alone left the others waiting in the next model's broadcast
-        # while it trained (torch 2.13's Mixtral: the test's 800 s timeout).
+        # Every rank reaches every collective of a model, failed or not: rank 0
+        # failing to plan skipped this broadcast, the others took the next
+        # model's plan for this one, and the ranks drifted a model apart until
+        # the test's 800 s timeout (torch 2.13's Mixtral).
         dist.broadcast_object_list(payload, src=0)
         if payload[0] is None:
             out.setdefault("error", "rank 0 could not plan it")
-        else:
+        elif "error" not in out:
             try:
                 plan = Plan.from_dict(payload[0])
                 traced = trace(model, inputs, loss_fn=loss_fn)
