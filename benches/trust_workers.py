@@ -31,16 +31,15 @@ class MLP(nn.Module):
         return self.head(self.body(x))
 
 
-def build(name: str, device: str | torch.device = "cpu"):
-    """``(model, inputs, loss_fn)`` of a bench model, seeded, fp32, no dropout; the
-    inputs and the labels the loss holds on ``device``, the model on the CPU."""
+def build(name: str):
+    """``(model, inputs, loss_fn)`` of a bench model on the CPU, seeded, fp32, no
+    dropout (``measure_plan`` trains it on another device from there)."""
     torch.manual_seed(0)
     if name == "mlp":
         model = MLP()
         # A batch whose activations weigh (16 MiB per rank unconstrained): with
         # 64 rows the unconstrained plan was already the leanest, every budget one.
         x, y = torch.randn(1024, 512), torch.randint(0, 16, (1024,))
-        x, y = x.to(device), y.to(device)
         return model, (x,), lambda out: nn.functional.cross_entropy(out, y)
     if name == "mlp_state":
         # Eight rows: its step peaks in the optimizer's step (parameters, their
@@ -48,21 +47,19 @@ def build(name: str, device: str | torch.device = "cpu"):
         # temporaries decide (``optimizer_impl``).
         model = MLP()
         x, y = torch.randn(8, 512), torch.randint(0, 16, (8,))
-        x, y = x.to(device), y.to(device)
         return model, (x,), lambda out: nn.functional.cross_entropy(out, y)
     if name == "gpt2":
         import model_zoo
         from automap.trace.tracing import default_loss
 
         model = model_zoo.dropout_free_gpt2_lm(4, 256, 4, 2048, 128)
-        ids = torch.randint(0, 2048, (16, 128)).to(device)
+        ids = torch.randint(0, 2048, (16, 128))
         return model, {"input_ids": ids, "labels": ids}, default_loss
     if name == "resnet":
         import model_zoo
 
         model = model_zoo.ResNet(width=16)
         x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
-        x, y = x.to(device), y.to(device)
         return model, (x,), lambda out: nn.functional.cross_entropy(out, y)
     raise ValueError(f"unknown bench model {name!r}")
 
@@ -109,7 +106,7 @@ def measure_plan(rank: int, world: int, name: str, plan_path: str, timed_steps: 
         torch.cuda.set_device(dev)
     # Traced where the model is (the CPU; a closure's labels become the graph's
     # constants, which the generated module holds on ``dev``), trained on ``dev``.
-    model, example_inputs, loss_fn = build(name, "cpu")
+    model, example_inputs, loss_fn = build(name)
     plan = Plan.from_json(plan_path)
     module = apply(plan, model, example_inputs, loss_fn=loss_fn, device=dev)
     inputs = pytree.tree_map_only(torch.Tensor, lambda t: t.to(dev), example_inputs)
