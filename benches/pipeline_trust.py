@@ -218,7 +218,7 @@ def main(argv=None) -> int:
     import torch
 
     from automap.cluster.cluster import Cluster
-    from automap.cluster.device import DeviceProfile
+    from automap.cluster.device import FIELDS, DeviceProfile
     from automap.launch import run_on_gloo
     from automap.planner.plan import Plan
     from automap.sharding.mesh import DeviceMesh
@@ -227,7 +227,8 @@ def main(argv=None) -> int:
     print(f"load before: {os.getloadavg()}")
     detected, shared = run_on_gloo(_detect, WORLD, timeout_s=600)[0]
     cluster = Cluster.from_dict(detected)
-    device = DeviceProfile(**cluster.device_profile, shared_slowdown=shared)
+    measured = cluster.device_profile
+    device = DeviceProfile(**{k: measured[k] for k in FIELDS}, shared_slowdown=shared)
     mesh = next(m for m in cluster.meshes() if m.shape == (WORLD,))
     print(f"detected (4 ranks at once): {_describe(device, mesh)}")
     torch.set_num_threads(1)

@@ -198,7 +198,7 @@ def main() -> None:
     warnings.simplefilter("ignore")
 
     from automap.cluster.cluster import Cluster
-    from automap.cluster.device import DeviceProfile
+    from automap.cluster.device import FIELDS, DeviceProfile
     from automap.launch import run_on_gloo
     from automap.planner.search import reprice
     from automap.sharding.mesh import DeviceMesh
@@ -207,7 +207,8 @@ def main() -> None:
 
     start = time.perf_counter()
     cluster = Cluster.from_dict(run_on_gloo(_detect, WORLD, timeout_s=600)[0])
-    device = DeviceProfile(**{k: v for k, v in cluster.device_profile.items()})
+    measured = cluster.device_profile
+    device = DeviceProfile(**{k: measured[k] for k in (*FIELDS, "shared_slowdown")})
     meshes = {m.shape: m for m in cluster.meshes()}  # fitted on the fastest iterations
     print(f"device profile (4 ranks at once): {_describe(device)}; links "
           + ", ".join(f"{m.shape}: {_describe_links(m)}" for m in meshes.values()))

@@ -98,7 +98,9 @@ def autoparallelize(
     (planning on the leader included), then raises ``DistributedError`` naming
     what did not answer.
     """
+    from automap.cluster.workspace import library_workspace_bytes
     from automap.planner.checks import check_budget, check_optimizer, check_trainable
+    from automap.planner.library_workspaces import within_library_workspaces
     from automap.planner.search import candidate_meshes, plan_best
     from automap.trace.profiling import profile_traced
 
@@ -139,8 +141,10 @@ def autoparallelize(
         meshes = [m.with_backend(dist.get_backend()) for m in meshes]
 
         def solve() -> dict:
-            found = plan_best(traced, profile_traced(traced, optimizer), meshes, budget,
-                              optimizer=optimizer, device=speeds, **plan_options)
+            found = within_library_workspaces(
+                lambda left: plan_best(traced, profile_traced(traced, optimizer), meshes, left,
+                                       optimizer=optimizer, device=speeds, **plan_options),
+                budget, library_workspace_bytes(dev.type, known, dev))
             found.inputs = describe_inputs(example_inputs)
             return found.to_dict()
 

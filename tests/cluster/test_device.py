@@ -69,7 +69,8 @@ def test_cluster_profile_is_the_slowest_device():
     assert cluster.device_profile == {"flops_per_s": 1e12,
                                       "memory_bandwidth_bytes_per_s": 1e11 - 3,
                                       "op_overhead_s": 4e-6,
-                                      "shared_slowdown": None}  # not measured: plans take 1
+                                      "shared_slowdown": None,  # not measured: plans take 1
+                                      "library_workspace_bytes": None}
     again = Cluster.from_dict(cluster.to_dict())
     assert again.devices == cluster.devices
 

@@ -16,6 +16,7 @@ JSON schema, version 1 (``Cluster.to_json`` writes it, ``from_json`` reads it)::
          "memory_bandwidth_bytes_per_s": 1.5e12,  # optional: measured elementwise rate
          "op_overhead_s": 5e-06,            # optional: measured time of a tiny kernel
          "shared_slowdown": 1.0,            # optional: alone / all ranks computing (>= 1)
+         "library_workspace_bytes": 69206016,  # optional: cuBLAS/cuBLASLt workspaces
          "memory_bytes": 85899345920}       # optional: device memory
       ],                                    # kind: "cpu" (the default) trains on gloo,
                                             # whose collectives the meshes price
@@ -100,6 +101,8 @@ class Device:
     memory_bandwidth_bytes_per_s: float | None = None
     op_overhead_s: float | None = None
     shared_slowdown: float | None = None
+    #: What its math libraries hold through a step (``automap.cluster.workspace``).
+    library_workspace_bytes: int | None = None
 
 
 class Cluster:
@@ -168,8 +171,8 @@ class Cluster:
     @property
     def device_profile(self) -> dict[str, float | None]:
         """The slowest device's profile fields (``automap.cluster.device.FIELDS``
-        and ``shared_slowdown``, the largest), each None unless known for every
-        device."""
+        and ``shared_slowdown``, the largest) and the largest
+        ``library_workspace_bytes``, each None unless known for every device."""
 
         def known(values: list[float | None], pick: Callable[[list[float]], float]
                   ) -> float | None:
@@ -182,6 +185,8 @@ class Cluster:
                 [d.memory_bandwidth_bytes_per_s for d in self.devices], min),
             "op_overhead_s": known([d.op_overhead_s for d in self.devices], max),
             "shared_slowdown": known([d.shared_slowdown for d in self.devices], max),
+            "library_workspace_bytes": known(
+                [d.library_workspace_bytes for d in self.devices], max),
         }
 
     @property
@@ -335,6 +340,9 @@ class Cluster:
                          "GB/s per device")
         if profile["op_overhead_s"] is not None:
             lines.append(f"kernel overhead {profile['op_overhead_s'] * 1e6:.3g} us")
+        if profile["library_workspace_bytes"]:
+            mib = profile["library_workspace_bytes"] / 2**20
+            lines.append(f"math libraries' workspaces {mib:.4g} MiB per device")
         if (profile["shared_slowdown"] or 1.0) > 1.0:
             lines.append(f"ranks share their compute: {profile['shared_slowdown']:.3g}x faster "
                          "alone than all at once")

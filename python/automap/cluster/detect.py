@@ -63,6 +63,7 @@ from automap.cluster.topology import (
     fit_tiers,
     significant_rel_tol,
 )
+from automap.cluster.workspace import measure_library_workspace_bytes
 from automap.errors import AutomapError
 from automap.progress import stage
 from automap.sharding.mesh import DeviceMesh
@@ -258,6 +259,8 @@ def _this_device(device: torch.device, measure_profile: bool) -> dict:
         "sustained_flops_per_s": profile.flops_per_s if profile else None,
         "memory_bandwidth_bytes_per_s": profile.memory_bandwidth_bytes_per_s if profile else None,
         "op_overhead_s": profile.op_overhead_s if profile else None,
+        "library_workspace_bytes": (measure_library_workspace_bytes(device)
+                                    if device.type == "cuda" else None),
     }
 
 

@@ -31,6 +31,7 @@ _CATEGORY_NAMES = {"activations": "activations (kept for the backward)",
                    "communication": "communication buffers",
                    "optimizer_step": "optimizer step temporaries",
                    "workspace": "kernel scratch",
+                   "library_workspaces": "cuBLAS/cuBLASLt workspaces",
                    "reserve": "reserve (what the simulated step does not see)"}
 
 

@@ -20,6 +20,7 @@ from torch import nn
 from automap.checkpoint.chain import chain_of_plan, choice_of_plan, coarsen, solve_checkpointing
 from automap.checkpoint.record import CheckpointPlan
 from automap.cluster.device import DeviceProfile, resolve_device_profile
+from automap.cluster.workspace import library_workspace_bytes
 from automap.errors import (
     InfeasibleBudgetError,
     InvalidMeshError,
@@ -39,6 +40,7 @@ from automap.planner.checks import (
     check_time_limit,
     check_trainable,
 )
+from automap.planner.library_workspaces import within_library_workspaces
 from automap.planner.microbatch import example_batch, microbatch_counts, microbatch_inputs
 from automap.planner.per_microbatch import per_microbatch_table
 from automap.planner.pipeline_bound import batch_work_s
@@ -266,11 +268,11 @@ def plan(
         traced = trace(model, example_inputs, loss_fn=loss_fn or default_loss,
                        mixed_precision=mixed_precision)
         profile = profile_traced(traced, optimizer)
+    kind = (known or {}).get("kind") or _device_kind(_backend_of(meshes[0]))
     device = resolve_device_profile(
         flops_per_s=flops_per_s, memory_bandwidth_bytes_per_s=memory_bandwidth_bytes_per_s,
         op_overhead_s=op_overhead_s, shared_slowdown=shared_slowdown, known=known,
-        kind=(known or {}).get("kind") or _device_kind(_backend_of(meshes[0])),
-        dtype=parameter_dtype(traced))
+        kind=kind, dtype=parameter_dtype(traced))
     t1 = time.perf_counter()
     log.debug("traced and profiled %d nodes in %.2f s", len(traced.nodes), t1 - t0)
     options = dict(optimizer=optimizer, optimizer_impl=optimizer_impl, device=device,
@@ -278,33 +280,40 @@ def plan(
                    merge_followers=merge_followers, tie_blocks=tie_blocks or bool(stacks),
                    stacks=stacks, strategy_filter=strategy_filter,
                    exact_columns=exact_columns, reduce_formulation=reduce_formulation)
-    found: Plan | None = None
-    intra_op_error: InfeasibleBudgetError | None = None
-    if 1 in counts:
-        try:
-            found = plan_best(traced, profile, meshes, memory_budget_bytes, trace_s=t1 - t0,
-                              checkpointing=checkpointing, verify=verify, verbose=verbose,
-                              **options)
-        except InfeasibleBudgetError as err:
-            if counts == [1]:
-                raise
-            intra_op_error = err
-    if counts != [1] and batch_statistics_node(traced) is not None:
-        # Several microbatches would each be normalised by their own statistics.
-        if pipeline == "auto":
-            counts = [1]
-            if found is None and intra_op_error is not None:
-                raise intra_op_error
-        else:
-            check_batch_statistics(traced, microbatches)
-    if counts != [1]:
-        work_s = batch_work_s(traced, profile, device, optimizer, stacks)
-        found = _plan_pipelined(model, example_inputs, meshes[0], memory_budget_bytes, counts,
-                                microbatches, schedule, loss_fn or default_loss,
-                                mixed_precision, reduce_depth, found, intra_op_error,
-                                explicit=pipeline != "auto", verify=verify, work_s=work_s,
-                                recompute=checkpointing != "off", **options)
-    assert found is not None  # n = 1 planned, or the pipeline search returned or raised
+
+    def search(budget: float | None) -> Plan:
+        found: Plan | None = None
+        intra_op_error: InfeasibleBudgetError | None = None
+        stage_counts = counts
+        if 1 in stage_counts:
+            try:
+                found = plan_best(traced, profile, meshes, budget, trace_s=t1 - t0,
+                                  checkpointing=checkpointing, verify=verify, verbose=verbose,
+                                  **options)
+            except InfeasibleBudgetError as err:
+                if stage_counts == [1]:
+                    raise
+                intra_op_error = err
+        if stage_counts != [1] and batch_statistics_node(traced) is not None:
+            # Several microbatches would each be normalised by their own statistics.
+            if pipeline == "auto":
+                stage_counts = [1]
+                if found is None and intra_op_error is not None:
+                    raise intra_op_error
+            else:
+                check_batch_statistics(traced, microbatches)
+        if stage_counts != [1]:
+            work_s = batch_work_s(traced, profile, device, optimizer, stacks)
+            found = _plan_pipelined(model, example_inputs, meshes[0], budget, stage_counts,
+                                    microbatches, schedule, loss_fn or default_loss,
+                                    mixed_precision, reduce_depth, found, intra_op_error,
+                                    explicit=pipeline != "auto", verify=verify, work_s=work_s,
+                                    recompute=checkpointing != "off", **options)
+        assert found is not None  # n = 1 planned, or the pipeline search returned or raised
+        return found
+
+    found = within_library_workspaces(search, memory_budget_bytes,
+                                      library_workspace_bytes(kind, known))
     found.inputs = describe_inputs(example_inputs)
     return found
 
