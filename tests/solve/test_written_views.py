@@ -77,5 +77,11 @@ def test_t5_plans_at_half_its_peak():
     mesh = DeviceMesh((2,), backend="gloo")  # CPU ranks, also where a GPU is visible
     free = plan(model, inputs, mesh, loss_fn=loss_fn, **SPEEDS)
     half = 0.5 * free.predicted_peak_memory_bytes
-    assert plan(model, inputs, mesh, half, loss_fn=loss_fn,
-                **SPEEDS).predicted_peak_memory_bytes <= half
+    found = plan(model, inputs, mesh, half, loss_fn=loss_fn, **SPEEDS)
+    assert found.predicted_peak_memory_bytes <= half
+    # The plain plan at the budget, modelled within it, simulates 0.6 % over;
+    # the verify round checkpoints it into its corrected budget (3.06 ms), where
+    # the grid's rungs alone left only the leanest plan (4.38 ms).
+    plain = plan(model, inputs, mesh, half, loss_fn=loss_fn, checkpointing="off",
+                 verify=False, **SPEEDS)
+    assert found.predicted_step_s <= 1.25 * plain.predicted_step_s
