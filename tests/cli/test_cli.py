@@ -75,6 +75,9 @@ def test_output_path_is_checked_before_planning(tmp_path):
     (["estimate", "x.py:f", "--device", "bogus"], "not a device"),
     (["estimate", "x.py:f", "--batch", "-3"], "integer >= 1"),
     (["detect", "-o", "/nodir/c.json", "--local", "2"], "no folder"),
+    (["plan", "x.py:f", "--cluster", "/nodir/cluster.json"], "no file"),
+    (["plan", "x.py:f", "--mesh", "2", "--cluster", __file__], "not allowed with"),
+    (["plan", "x.py:f"], "one of the arguments --mesh --cluster is required"),
 ])
 def test_bad_arguments_are_usage_errors(args, needle, capsys):
     with pytest.raises(SystemExit) as done:
@@ -94,3 +97,42 @@ def test_a_truncated_plan_is_a_message(tmp_path, capsys):
     assert "StalePlanError" in capsys.readouterr().err
     assert main(["explain", str(tmp_path / "missing.json")]) == 1
     assert "FileNotFoundError" in capsys.readouterr().err
+
+
+def _cluster_file(tmp_path, name: str) -> str:
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({
+        "version": 1, "devices": 2,
+        "device": {"kind": "cuda", "name": name, "sustained_flops_per_s": 1e14,
+                   "memory_bandwidth_bytes_per_s": 2e12, "op_overhead_s": 5e-6},
+        "tiers": [{"group_size": 2, "alpha_s": 5e-6, "bandwidth_bytes_per_s": 2e11}]}))
+    return str(path)
+
+
+def test_plan_reads_a_cluster_file(tmp_path, capsys):
+    """``automap detect -o cluster.json`` then ``automap plan --cluster``: the
+    file's meshes and speeds, and for its GPUs the math libraries' workspaces
+    (Hopper's defaults for H100s, named by the file)."""
+    from automap.planner.plan import Plan
+
+    factory = tmp_path / "factory.py"
+    factory.write_text("import torch\n"
+                       "def build():\n"
+                       "    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),\n"
+                       "                                torch.nn.Linear(64, 8))\n"
+                       "    return model, (torch.randn(4, 64),)\n")
+    out = tmp_path / "plan.json"
+    assert main(["plan", f"{factory}:build", "--cluster", _cluster_file(tmp_path, "H100"),
+                 "--memory", "100MiB", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "library_workspaces    66.0 MiB" in printed
+    planned = Plan.from_json(out)
+    assert planned.cost_constants["library_workspace_bytes"] == 66 * 2**20
+    assert planned.cost_constants["flops_per_s"] == 1e14
+    assert planned.mesh.backend == "nccl"
+
+
+def test_a_cluster_file_and_mesh_links_conflict(tmp_path, capsys):
+    assert main(["plan", "x.py:f", "--cluster", _cluster_file(tmp_path, "A100"),
+                 "--bandwidth", "1e9"]) == 2
+    assert "--bandwidth describe a --mesh" in capsys.readouterr().err

@@ -12,6 +12,7 @@ import torch
 from automap import InfeasibleBudgetError
 from automap.cluster.cluster import Cluster
 from automap.cluster.workspace import (
+    capability_of_names,
     library_workspace_bytes,
     measure_library_workspace_bytes,
     modelled_library_workspace_bytes,
@@ -39,6 +40,15 @@ def test_modelled_with_the_environments_overrides():
     assert modelled_library_workspace_bytes((9, 0), unified) == 2 * 32 * MIB
     unparsed = {"CUBLAS_WORKSPACE_CONFIG": "large", "CUBLASLT_WORKSPACE_SIZE": "big"}
     assert modelled_library_workspace_bytes((9, 0), unparsed) == 2 * 33 * MIB
+
+
+def test_hopper_is_told_by_the_devices_names():
+    assert capability_of_names(["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"]) == (9, 0)
+    assert capability_of_names(["NVIDIA GH200 480GB"]) == (9, 0)
+    assert capability_of_names(["NVIDIA A100-SXM4-80GB"]) is None
+    assert capability_of_names(["NVIDIA H100", "NVIDIA A100"]) is None  # the default then
+    assert capability_of_names(["", "NVIDIA H100"]) is None
+    assert capability_of_names([]) is None
 
 
 def test_cpus_hold_none_and_a_cluster_files_figure_wins():

@@ -85,6 +85,13 @@ def parse_mesh_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
+def readable_file(text: str) -> str:
+    """A path to an existing file (checked before any work)."""
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"no file {text!r}")
+    return text
+
+
 def writable_file(text: str) -> str:
     """A path a file can be written to: checked before the work that fills it."""
     folder = os.path.dirname(os.path.abspath(text))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from automap.cli.arguments import (
@@ -11,6 +12,7 @@ from automap.cli.arguments import (
     parse_mesh_shape,
     positive_float,
     positive_int,
+    readable_file,
     report,
     writable_file,
 )
@@ -28,7 +30,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("target", help="<python-file>:<factory> returning (model, example_inputs"
                    "[, loss_fn]); build the model on torch.device('meta')")
     p.add_argument("--batch", type=positive_int, default=None, help="batch size for the factory")
-    p.add_argument("--mesh", type=parse_mesh_shape, required=True, help="e.g. 8, 2x4")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--mesh", type=parse_mesh_shape, help="e.g. 8, 2x4")
+    where.add_argument("--cluster", type=readable_file, metavar="CLUSTER_JSON",
+                       help="a cluster file (automap detect -o, or written by hand): its "
+                            "measured links, device speeds and memory workspaces; its best "
+                            "few meshes are tried")
     p.add_argument("--memory", type=parse_bytes, default=None,
                    help="memory budget per device, e.g. 16GiB, 16G (= 16 GiB), 500MB "
                         "(default: unlimited)")
@@ -72,9 +79,19 @@ def register(subparsers: Any) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from automap.cluster.cluster import Cluster
     from automap.planner.search import plan
     from automap.sharding.mesh import DeviceMesh
 
+    if args.cluster is not None:
+        given = [flag for flag, value in (("--alpha-s", args.alpha_s),
+                                          ("--bandwidth", args.bandwidth),
+                                          ("--backend", args.backend)) if value is not None]
+        if given:
+            # The cluster's links and device kind say these; two sources would conflict.
+            print(f"automap plan: error: {', '.join(given)} describe a --mesh; the cluster "
+                  "file has its own links and backend", file=sys.stderr)
+            return 2
     try:
         factory = load_factory(args.target)
         built = factory(args.batch) if args.batch is not None else factory()
@@ -82,8 +99,9 @@ def _plan(args: argparse.Namespace) -> int:
             raise AutomapError(f"{args.target} must return (model, example_inputs) or "
                                f"(model, example_inputs, loss_fn)")
         model, inputs, loss_fn = (*built, None) if len(built) == 2 else built
-        mesh = DeviceMesh(args.mesh, alpha_s=args.alpha_s,
-                          bandwidth_bytes_per_s=args.bandwidth, backend=args.backend)
+        mesh = Cluster.from_json(args.cluster) if args.cluster is not None else DeviceMesh(
+            args.mesh, alpha_s=args.alpha_s, bandwidth_bytes_per_s=args.bandwidth,
+            backend=args.backend)
         result = plan(model, inputs, mesh, args.memory, loss_fn=loss_fn,
                       optimizer=args.optimizer, optimizer_impl=args.optimizer_impl,
                       flops_per_s=args.flops,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -31,6 +31,20 @@ MATMUL_THREADS = 2
 #: The compute capability a CUDA device planned without a GPU or a cluster
 #: file's figure is taken to have (``device.GPU_FALLBACK``'s A100 class).
 FALLBACK_CAPABILITY = (8, 0)
+
+
+#: Device names of compute capability 9.0 (Hopper), where torch's cuBLAS
+#: workspace default differs (32 MiB); every other GPU takes the other default.
+_HOPPER_NAME = re.compile(r"\b(GH200|H100|H200|H800|H20)\b", re.IGNORECASE)
+
+
+def capability_of_names(names: Iterable[str]) -> tuple[int, int] | None:
+    """The compute capability the devices' names tell where it matters to the
+    workspaces: (9, 0) when every name is a Hopper GPU's, else None (unknown)."""
+    names = list(names)
+    if names and all(_HOPPER_NAME.search(name or "") for name in names):
+        return (9, 0)
+    return None
 
 
 def _cublas_workspace_bytes(capability: tuple[int, int], environ: Mapping[str, str]) -> int:

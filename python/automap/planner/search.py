@@ -20,7 +20,7 @@ from torch import nn
 from automap.checkpoint.chain import chain_of_plan, choice_of_plan, coarsen, solve_checkpointing
 from automap.checkpoint.record import CheckpointPlan
 from automap.cluster.device import DeviceProfile, resolve_device_profile
-from automap.cluster.workspace import library_workspace_bytes
+from automap.cluster.workspace import capability_of_names, library_workspace_bytes
 from automap.errors import (
     InfeasibleBudgetError,
     InvalidMeshError,
@@ -110,7 +110,8 @@ log = logging.getLogger(__name__)
 
 def candidate_meshes(mesh, top_k: int = 3, size: int | None = None):
     """The meshes to plan on and what is known of the devices (None, or the
-    ``Cluster.device_profile`` fields and ``kind``): a ``DeviceMesh`` or a
+    ``Cluster.device_profile`` fields, ``kind`` and the ``compute_capability``
+    their names tell, for the libraries' workspaces): a ``DeviceMesh`` or a
     shape is itself; a ``Cluster`` (or a path to its JSON, written by
     ``automap detect`` or by hand) gives its ``top_k`` ranked meshes (of
     ``size`` devices when given)."""
@@ -127,7 +128,8 @@ def candidate_meshes(mesh, top_k: int = 3, size: int | None = None):
         meshes = [m for m in mesh.meshes() if size is None or m.size == size][:top_k]
         if not meshes:
             raise InvalidMeshError(f"the cluster has no mesh of {size} devices")
-        return meshes, {**mesh.device_profile, "kind": mesh.device_kind}
+        return meshes, {**mesh.device_profile, "kind": mesh.device_kind,
+                        "compute_capability": capability_of_names(d.name for d in mesh.devices)}
     if mesh is None:
         raise InvalidMeshError("plan needs a mesh (e.g. automap.DeviceMesh((2, 4))) or a "
                                "cluster (automap.Cluster or a cluster JSON path)")
