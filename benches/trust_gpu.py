@@ -17,6 +17,10 @@ The plans are made with the GPU's speeds measured here (``measure_device_profile
 unless ``--cpu-speeds`` (``benches/trust.py``'s). Printed per plan as in
 ``benches/trust.py``, plus what the allocator held before the step beyond the
 live tensors (cuBLAS's workspace, say), and the predicted and measured step.
+The one NCCL rank's plans are CUDA plans: their predicted peaks hold the
+libraries' workspaces measured here (``automap.cluster.workspace``), so they
+compare with ``max_memory_allocated`` as it is. The 4 gloo ranks' plans are
+CPU plans (gloo's): their peaks hold none, and "other" is what they miss.
 
     python benches/trust_gpu.py                     # one NCCL rank, three models
     python benches/trust_gpu.py gpt2 --ranks 4      # 4 gloo ranks sharing the GPU
