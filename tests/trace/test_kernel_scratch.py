@@ -81,3 +81,13 @@ def test_a_measuring_limit_estimates_larger_ops(monkeypatch):
     with kernel_scratch.measuring_within(100):
         assert kernel_scratch.measured_scratch(op, args, None, lambda a, o: 7) == 7
     assert kernel_scratch.measured_scratch(op, args, None, lambda a, o: 7) == 5
+
+
+def test_measuring_writes_nothing_to_stderr(capfd):
+    """torch's profiler library logs each start and stop on the process's
+    stderr from C++ (torch 2.15: "USDT: ... profiler_start"); a plan measures
+    every convolution signature it meets, two such lines each."""
+    kernel_scratch._measured.clear()
+    profile(TwoConvs(4, 8, 3, 1, 1), (torch.randn(2, 3, 8, 8),), loss_fn=_sum)
+    assert kernel_scratch._measured, "nothing was measured: the test needs a measured op"
+    assert capfd.readouterr().err == ""

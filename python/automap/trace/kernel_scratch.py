@@ -13,6 +13,8 @@ outputs (what a FakeTensor sees)."""
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -77,12 +79,38 @@ def _real(arg: Any) -> Any:
     return arg
 
 
+@contextlib.contextmanager
+def _kineto_quiet() -> Iterator[None]:
+    """The process's stderr (the file descriptor) sent to /dev/null: torch's
+    profiler library logs each start and stop there from C++ ("USDT: ...
+    profiler_start", since torch 2.15, and a failed GPU count without a GPU),
+    two lines for every op signature a plan measures. Python's ``sys.stderr``
+    object is flushed first; nothing of ours prints while the op runs."""
+    fd = 2  # the C++ library's, whatever Python's sys.stderr is now
+    sys.stderr.flush()
+    try:
+        saved = os.dup(fd)
+    except OSError:  # no stderr at all
+        yield
+        return
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
+        yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+
+
 def _run(func: Any, args: tuple) -> int:
     # No warm-up run: oneDNN keeps its primitives outside PyTorch's allocator
     # (over 7 convolutions, forward and backward, a first run measured as the
     # third).
     real = pytree.tree_map(_real, args)
-    with torch.autograd.profiler.profile(profile_memory=True) as prof:
+    with _kineto_quiet(), torch.autograd.profiler.profile(profile_memory=True) as prof:
         out = func(*real)
     outputs = sum(t.untyped_storage().nbytes() for t in pytree.tree_leaves(out)
                   if isinstance(t, torch.Tensor))
