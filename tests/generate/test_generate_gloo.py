@@ -8,7 +8,8 @@ enough for 1e-5 to be a property of fp32 arithmetic (see ``FP32_NOISE``).
 
 Plans: the solver's (``solver``: default FLOP/s, ``solver_slow``: FLOP/s so slow
 that it splits the compute) and forced ones for every communication path
-(``generate_workers.FORCED``)."""
+(``generate_workers.FORCED``). ``mlp_frozen``: fine-tuning with the first layer
+frozen (no gradient, no optimizer state)."""
 
 from __future__ import annotations
 
@@ -44,12 +45,13 @@ CASES = {
         ("mlp", "solver_slow"),
         ("resnet", "solver_slow"), ("gpt2", "solver_slow"), ("gpt2", "vocab"),
         ("llama", "solver_slow"), ("block", "heads"), ("resnet", "solver"), ("gpt2", "solver"),
-        ("llama", "solver"),
+        ("llama", "solver"), ("mlp_frozen", "megatron"),
     ],
     (2, 2): [
         ("mlp", "solver"), ("mlp", "2d"), ("mlp", "dp"), ("resnet", "solver_slow"),
         ("gpt2", "solver_slow"), ("gpt2", "dp_tokens"), ("llama", "solver_slow"),
         ("block", "batch_heads"), ("state_parts", "dp"), ("state_parts_whole_loss", "dp"),
+        ("mlp_frozen", "solver_slow"),
     ],
 }
 

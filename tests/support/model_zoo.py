@@ -187,6 +187,14 @@ def mlp(device="cpu"):
     return model, (x,), lambda out: _cross_entropy(out, y)
 
 
+def mlp_frozen(device="cpu"):
+    """The MLP fine-tuned with its first layer frozen (no gradient, no
+    optimizer state for it; its input needs no gradient either)."""
+    model, inputs, loss_fn = mlp(device)
+    model.fc1.requires_grad_(False)
+    return model, inputs, loss_fn
+
+
 def state_parts(device="cpu"):
     with torch.device(device):
         model = StateParts()
