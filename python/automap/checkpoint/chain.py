@@ -67,8 +67,9 @@ class Chain:
     #: Per device bytes that live through the whole step outside the chain:
     #: parameter and optimizer-state shards, buffers and inputs.
     persistent_bytes: int = 0
-    #: The largest parameter shard (it sizes the optimizer step's temporaries).
-    largest_param_bytes: float = 0.0
+    #: Each trained parameter's shard in the optimizer's order (they size the
+    #: optimizer step's temporaries; a tuple: not a per-stage column).
+    param_shard_bytes: tuple[float, ...] = ()
 
     def __len__(self) -> int:
         return len(self.stages)
@@ -158,7 +159,7 @@ def chain_of_plan(traced, profile, table, choice: dict[str, int],
                                                                         line, mem)
     chain.bwd_tmp_bytes = _backward_overheads(chain, table, choice, line, mem)
     chain.persistent_bytes = int(held.state_bytes + held.input_bytes)
-    chain.largest_param_bytes = held.largest_param_bytes
+    chain.param_shard_bytes = tuple(held.param_shard_bytes)
     return _repeat_stages(chain, repeats) if repeats else chain
 
 
@@ -292,7 +293,7 @@ def _keeps_its_output(name: str, table, profile) -> bool:
 
 def _repeat_stages(chain: Chain, repeats: dict[str, int]) -> Chain:
     out = Chain([], persistent_bytes=chain.persistent_bytes,
-                largest_param_bytes=chain.largest_param_bytes)
+                param_shard_bytes=chain.param_shard_bytes)
     columns = [f for f in vars(chain) if isinstance(getattr(chain, f), list) and f != "stages"]
     times = [max((repeats.get(n, 1) for n in stage), default=1) for stage in chain.stages]
     k = 0
@@ -355,7 +356,7 @@ def coarsen(chain: Chain, max_stages: int = MAX_STAGES) -> Chain:
     if start < len(chain):
         groups.append((start, len(chain) - 1))
     out = Chain([], persistent_bytes=chain.persistent_bytes,
-                largest_param_bytes=chain.largest_param_bytes)
+                param_shard_bytes=chain.param_shard_bytes)
     for lo, hi in groups:
         parts = range(lo, hi + 1)
         out.stages.append([n for k in parts for n in chain.stages[k]])

@@ -28,7 +28,7 @@ from automap.planner.step_time import node_times
 from automap.solve.depth import instance_repeats
 from automap.solve.gradient_buckets import deferred_gradients
 from automap.solve.linearize import linearize
-from automap.solve.memory import plan_memory, timeline
+from automap.solve.memory import loop_temps, plan_memory, timeline
 from automap.solve.strategies import ShardCounts
 
 
@@ -75,7 +75,10 @@ class Unit:
     #: saved (the receiver's buffer is extra) (``Crossing``).
     out_unsaved_bytes: float = 0.0
     out_uncounted_bytes: float = 0.0
-    largest_param_bytes: float = 0.0  # sizes the optimizer step's temporaries
+    #: Its for-loop optimizer temporaries at their peak over its parameters,
+    #: each beside what is held of the one the model's order steps before it
+    #: (``memory.loop_temp_bytes``; that one may be on another rank: an over-count).
+    loop_temp_bytes: float = 0.0
     #: Whether it reads a trainable parameter: a stage needs one (its rank holds
     #: something to optimise; ``pipeline_partition._stage_matrices``).
     trains: bool = True
@@ -213,6 +216,11 @@ def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
     crossing = crossing_bytes(table, choice, order)
     repeats = instance_repeats(blocks, list(stacks)) if stacks else {}
     deferred = deferred_gradients(table, choice)
+    trained = [n for n, node in table.nodes.items()
+               if node.kind == "parameter" and node.grad_bytes[choice[n]] > 0]
+    shards = [float(table.nodes[n].grad_bytes[choice[n]]) for n in trained]
+    loop_temp = dict(zip(trained, loop_temps(table.optimizer, table.optimizer_impl, shards),
+                         strict=True))
     readers: dict[str, list[int]] = {}
     for producer, _, consumer, _ in table.edges():
         if consumer in line.position and table.nodes[producer].kind in (
@@ -287,7 +295,7 @@ def build_chain(traced, profile, table, choice, blocks, stacks) -> Chain:
                 continue
             unit.trains = True
             grads[key] = grad
-            unit.largest_param_bytes = max(unit.largest_param_bytes, grad)
+            unit.loop_temp_bytes = max(unit.loop_temp_bytes, float(loop_temp.get(canonical, 0.0)))
             if node.optimizer_s is not None:
                 unit.optimizer_s += float(node.optimizer_s[c])
             if canonical in deferred:

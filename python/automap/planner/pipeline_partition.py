@@ -161,7 +161,7 @@ class _Ranges:
         self.first_running = running(
             [f if u.first_running_bytes is None else u.first_running_bytes
              for u, f in zip(units, fallback)], made)
-        self.largest = maxima([u.largest_param_bytes for u in units])
+        self.loop_temp = maxima([u.loop_temp_bytes for u in units])
         #: (id of the stage meshes, chunks) -> the send times after each unit,
         #: forward and back (``_stage_matrices``).
         self.sends: dict = {}
@@ -330,7 +330,7 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
     # the usual AdamW(model.parameters()) failed on that rank only).
     trains = np.concatenate([[0], np.cumsum([u.trains for u in units])])
     empty |= trains[None, :] - trains[:, None] <= 0
-    of_largest, of_all = optimizer_temporaries(optimizer, chain.optimizer_impl)
+    _, of_all = optimizer_temporaries(optimizer, chain.optimizer_impl)
     def per_cut(values) -> np.ndarray:
         """Per unit after which a cut falls -> per cut position (0: none before)."""
         return np.concatenate([[0.0], values])
@@ -362,7 +362,8 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
     # accumulated): ``Unit.first_running_bytes`` and ``running_bytes``.
     running = (ranges.first_running, ranges.running)
     # The optimizer's for-loop steps one parameter at a time: its temporaries
-    # are the largest parameter's, once per rank however many chunks it runs;
+    # are one parameter's (with what it holds of the one before: the units'
+    # ``loop_temp_bytes``), once per rank however many chunks it runs;
     # its foreach kernels make theirs for every parameter of the rank at once
     # (in each chunk's step base, which add up over the rank's chunks). Before
     # it, each chunk in turn holds its gradients' bucket copies (a rank's
@@ -370,7 +371,7 @@ def _stage_matrices(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbat
     # two beyond the base. Left out, a 1F1B stage whose 3 layers sync 2-way
     # modelled 6.3 % under its simulated step (DeepMLP(256), 4 microbatches).
     foreach_temporary = of_all * ranges.grads
-    step_temporary = np.maximum(of_largest * ranges.largest, ranges.sync - foreach_temporary)
+    step_temporary = np.maximum(ranges.loop_temp, ranges.sync - foreach_temporary)
     step_reserve = float(step_temporary.max())
     for k in range(chunks):
         budget = per_stage[k % n]

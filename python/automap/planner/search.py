@@ -1089,7 +1089,7 @@ def _checkpoint(traced, profile, table, sol, budget, repeats):
 def _optimizer_step_bytes(chain, table) -> float:
     grads = sum(chain.param_grad_bytes)
     return chain.persistent_bytes + grads + optimizer_temp_bytes(
-        table.optimizer, table.optimizer_impl, chain.largest_param_bytes, grads)
+        table.optimizer, table.optimizer_impl, chain.param_shard_bytes, grads)
 
 
 def _checkpointed_least(traced, profile, table, sol, repeats) -> float:

@@ -46,6 +46,7 @@ from automap.solve.flow_edges import (
     class_coupling,
 )
 from automap.solve.memory import (
+    OPTIMIZER_CARRY_FACTOR,
     edge_memory,
     estimate_memory,
     optimizer_temporaries,
@@ -1196,6 +1197,9 @@ class _MemoryRows:
         self.shard_count = ShardCounts(table.mesh)
         self.opt_of_largest, self.opt_of_all = optimizer_temporaries(optimizer,
                                                                      table.optimizer_impl)
+        name = optimizer.lower() if isinstance(optimizer, str) else "adamw"
+        # What a for-loop step still holds of the shard it stepped before.
+        self.opt_carry = OPTIMIZER_CARRY_FACTOR.get(name, 0.0) if self.opt_of_largest else 0.0
         # (consumer, producer root, a_idx, consumer root, b_idx, edge block key, matrices)
         self.edge_terms: list[tuple] = []
         self._terms: dict[tuple, int] = {}  # distinct term -> its variable
@@ -1210,6 +1214,7 @@ class _MemoryRows:
         consts = {k: np.zeros(n) for k in kinds}
         base, grads, opt = [], [], []
         base_const = grad_const = opt_const = 0.0
+        before = None  # the trained parameter the optimizer steps before this one: (root, coef)
 
         def units(coef) -> np.ndarray:
             return _units(coef, unit, quantum_bytes)
@@ -1233,11 +1238,28 @@ class _MemoryRows:
                 add("later", line.grad_position[v], r, g * w)
                 if r in cols:
                     grads.append((cols[r], units(g * w)))
-                    if self.opt_of_largest:
-                        opt.append((cols[r], units(self.opt_of_largest * g)))
                 else:
                     grad_const += float(units(g[0] * w))
-                    opt_const = max(opt_const, float(units(self.opt_of_largest * g[0])))
+                if self.opt_of_largest:
+                    # The for-loop step's temporaries of this shard beside what
+                    # it holds of the one before (``memory.loop_temps``).
+                    stepping = {r: self.opt_of_largest * g}
+                    if before is not None and self.opt_carry:
+                        held_r, held = before
+                        stepping[held_r] = stepping.get(held_r, 0.0) + self.opt_carry * held
+                    parts = [(cols[q], units(coef)) for q, coef in stepping.items() if q in cols]
+                    const = sum(float(units(coef[0])) for q, coef in stepping.items()
+                                if q not in cols)
+                    if len(stepping) == 1 and parts:
+                        # One shard alone: a row per strategy (the LP's maximum,
+                        # not its average, of the strategies' fractions).
+                        (c, coef), = parts
+                        opt.extend(([(c[j:j + 1], coef[j:j + 1])], 0.0) for j in range(len(c)))
+                    elif parts:
+                        opt.append((parts, const))
+                    else:
+                        opt_const = max(opt_const, const)
+                before = (r, g)
             i = line.position.get(v)
             if i is None:
                 continue
@@ -1329,10 +1351,11 @@ class _MemoryRows:
         grad_total = b.columns([0.0], integer=False, upper=inf)[0]
         self._sum(b, grad_total, grads, grad_const)
         opt_temp = b.columns([0.0], integer=False, upper=inf)[0]
-        for c, coef in opt:
-            rows = b.rows(np.zeros(len(c)), np.full(len(c), inf))
-            b.entries(rows, np.full(len(c), opt_temp), 1.0)
-            b.entries(rows, c, -coef)
+        for parts, const in opt:
+            r = b.rows(const, inf)[0]
+            b.entries([r], [opt_temp], 1.0)
+            for c, coef in parts:
+                b.entries(np.full(len(c), r), c, -coef)
         r = b.rows(-inf, -opt_const)[0]
         self.limit_rows.append(r)
         b.entries([r, r, r, r], [total, grad_total, opt_temp, budget],
