@@ -16,6 +16,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 rm -rf python  # the tests import the installed wheel, as CI does
 { nvidia-smi -L; nproc; python3 -c "import automap, torch, transformers; print(automap.__file__, torch.__version__, transformers.__version__, torch.cuda.is_available())"; } > "$OUT/env.log" 2>&1
+# The math libraries' workspaces (stop 53): measured against torch's defaults.
+python3 -c "import torch; from automap.cluster.workspace import *; c = torch.cuda.get_device_capability(); print('capability', c, 'workspaces measured', measure_library_workspace_bytes('cuda'), 'modelled', modelled_library_workspace_bytes(c))" >> "$OUT/env.log" 2>&1
 T0=$(date +%s)
 T=$((BUDGET_S - 20))
 # The suite: single-process tests spread over workers; the multiprocess ones in
