@@ -77,6 +77,19 @@ def test_measured_on_this_gpu_as_a_step_leaves_them():
     assert torch.cuda.memory_allocated() - before - held - grads <= measured
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_estimate_on_a_gpu_adds_them(tmp_path, capsys):
+    from automap.cli import main
+
+    factory = tmp_path / "factory.py"
+    factory.write_text("import torch\n"
+                       "def build():\n"
+                       "    return torch.nn.Linear(64, 8), (torch.randn(4, 64),)\n")
+    assert main(["estimate", f"{factory}:build", "--device", "cuda"]) == 0
+    printed = capsys.readouterr().out
+    assert "cuBLAS/cuBLASLt workspaces" in printed and "peak with them" in printed
+
+
 def _gpu_cluster(workspace_bytes: float | None) -> Cluster:
     device = {"kind": "cuda", "name": "A100", "sustained_flops_per_s": 1e14,
               "memory_bandwidth_bytes_per_s": 1.5e12, "op_overhead_s": 5e-6}

@@ -96,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
     batch = f", batch {args.batch}" if args.batch is not None else ""
     print(f"{result.traced.model_type} on one {result.device} device{batch}")
     print(result.memory_breakdown())
+    if str(result.device).startswith("cuda"):
+        _print_library_workspaces(result.peak_memory_bytes)
     if args.table:
         print()
         print(result.table())
@@ -103,3 +105,14 @@ def run(args: argparse.Namespace) -> int:
         result.to_json(args.json)
         print(f"profile written to {args.json}")
     return 0
+
+
+def _print_library_workspaces(peak_bytes: float) -> None:
+    """What cuBLAS and cuBLASLt keep allocated beside the step's tensors on
+    this GPU (``automap.cluster.workspace``, measured), and the peak with them."""
+    from automap.cluster.workspace import library_workspace_bytes
+    from automap.trace.profiling import format_bytes
+
+    held = library_workspace_bytes("cuda")
+    print(f"{'cuBLAS/cuBLASLt workspaces':<34}{format_bytes(held):>12}")
+    print(f"{'peak with them':<34}{format_bytes(peak_bytes + held):>12}")
