@@ -17,7 +17,12 @@ from torch import nn
 import automap
 from automap import DeviceMesh, InvalidPlanError
 from automap.errors import InvalidPipelineError
-from automap.generate.pipeline_order import held_at_once, in_flight_counts, schedule_order
+from automap.generate.pipeline_order import (
+    held_at_once,
+    held_while_running,
+    in_flight_counts,
+    schedule_order,
+)
 from automap.planner.pipeline_chain import Chain, Unit
 from automap.planner.pipeline_mesh import cut_mesh
 from automap.planner.pipeline_partition import best_partition, schedule_step_s
@@ -89,6 +94,33 @@ def test_held_at_once_dominates_every_state_of_the_step(m, n, v):
         assert max(sum(f) for f, _ in holdings[1]) == 5
 
 
+@pytest.mark.parametrize("m, n, v", [(8, 2, 3), (8, 4, 2), (4, 2, 2), (6, 2, 3)])
+def test_held_while_running_dominates_each_operation_with_its_chunk(m, n, v):
+    """While each operation runs (a forward's state after it, a backward's
+    before it), some holding with that chunk running, as far into its
+    backwards, holds at least as much; each holding is such a state."""
+    for k, holdings in enumerate(held_while_running("interleaved", m, n, v)):
+        mine = list(range(k, n * v, n))
+        flight, done, states = dict.fromkeys(mine, 0), dict.fromkeys(mine, 0), set()
+
+        def now(runs):
+            return (tuple(flight[c] for c in mine), tuple(done[c] for c in mine), runs)
+
+        for kind, _, chunk in schedule_order("interleaved", m, n, k, v):
+            runs = mine.index(chunk)
+            if kind == "B":
+                states.add(now(runs))
+            flight[chunk] += 1 if kind == "F" else -1
+            done[chunk] += kind == "B"
+            if kind == "F":
+                states.add(now(runs))
+        for f, d, runs in states:
+            assert any(r == runs and (d2[runs] == 0) == (d[runs] == 0)
+                       and all(a >= b for a, b in zip(f2 + d2, f + d))
+                       for f2, d2, r in holdings), (f, d, runs)
+        assert set(holdings) <= states
+
+
 def test_in_flight_counts():
     assert in_flight_counts("1f1b", 4, 2) == [2, 1]
     assert in_flight_counts("gpipe", 4, 2) == [4, 4]
@@ -97,17 +129,18 @@ def test_in_flight_counts():
 
 
 def _rank_peaks(bounds, state, saved, m, n, v, grad=1.0):
-    """The exact rank-level peak of a split of ``_chain`` units: at every
-    holding torch's order reaches, every chunk's state, in-flight activations
+    """The exact rank-level peak of a split of ``_chain`` units: while each
+    operation torch's order runs, every chunk's state, in-flight activations
     and waiting input gradients, plus the running chunk's output gradient
-    received (no transients in these chains)."""
+    received (no transients in these chains; the last chunk receives none)."""
     peaks = []
-    for r, holdings in enumerate(held_at_once("interleaved", m, n, v)):
+    for r, holdings in enumerate(held_while_running("interleaved", m, n, v)):
         mine = [(j, bounds[j]) for j in range(r, n * v, n)]
-        held = max(sum(state[a:b].sum() + flight[i] * saved[a:b].sum() + (j > 0) * done[i] * grad
-                       for i, (j, (a, b)) in enumerate(mine))
-                   for flight, done in holdings)
-        peaks.append(held + max(grad * (j < n * v - 1) for j, _ in mine))
+        peaks.append(max(
+            sum(state[a:b].sum() + flight[i] * saved[a:b].sum() + (j > 0) * done[i] * grad
+                for i, (j, (a, b)) in enumerate(mine))
+            + grad * (mine[runs][0] < n * v - 1)
+            for flight, done, runs in holdings))
     return peaks
 
 

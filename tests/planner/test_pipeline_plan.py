@@ -176,13 +176,15 @@ def test_recomputing_chunks_are_modelled_as_their_simulated_steps():
     assert any(s.recompute for s in plan.pipeline.stages)
     errors = [p["modelled_bytes"] / p["simulated_bytes"] - 1
               for p in plan.solver["pipeline_stage_peaks"]]
-    # +2.6 and +14.8 %: over, on the safe side. (+8.4 % until stop 51, when
-    # the all-to-all before the loss held its send buffer beside the merged
-    # copy of what it received, 2 MiB more of the simulated step than the
-    # model counts there; +7.6 % while the attention's head-merging reshapes
-    # copied, which the model did not count either.) The interleaved
-    # recomputing chunks' over-count is open (ARCHITECTURE, issue 18).
-    assert max(abs(e) for e in errors) <= 0.16, errors
+    # +2.6 and -0.9 %. Rank 1 was +14.8 % until stop 53: each state of the
+    # schedule took the largest transient of the rank's chunks, the loss
+    # chunk's microbatch in flight beside the recomputing chunk's backward,
+    # which never run at once (now the chunk running then:
+    # ``pipeline_order.held_while_running``). (+8.4 % until stop 51, when the
+    # all-to-all before the loss held its send buffer beside the merged copy
+    # of what it received; +7.6 % while the attention's head-merging reshapes
+    # copied, which the model did not count.)
+    assert max(abs(e) for e in errors) <= 0.03, errors
     assert plan.solver["pipeline_verify_rounds"] == 1
 
 

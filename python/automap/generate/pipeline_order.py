@@ -90,20 +90,51 @@ def held_at_once(schedule: str, microbatches: int, stages: int, virtual: int = 1
     their ``in_flight_counts`` at different operations (interleaved, M = 8 on
     2 ranks x 3 chunks: 4, 2 and 1 in flight on rank 1's chunks, never more
     than 5 together); every state of the step is dominated by one pair."""
+    return [[(flight, done) for flight, done, _ in held]
+            for held in _held(schedule, microbatches, stages, virtual, running=False)]
+
+
+def held_while_running(schedule: str, microbatches: int, stages: int, virtual: int = 1
+                       ) -> list[list[tuple[tuple[int, ...], tuple[int, ...], int]]]:
+    """``held_at_once`` with the chunk that runs: per rank the pareto-maximal
+    ``(in flight, backwards done, running)`` while each operation runs
+    (``running`` the rank's chunk index ``i``), among states where the same
+    chunk runs at the same stage of its backwards (none done yet, or some):
+    a forward's state after it (its microbatch's activations all made), a
+    backward's before it (its microbatch's still held). Only the running
+    chunk's transients add to a state: counted for every chunk of the
+    rank, the trust GPT-2's interleaved last rank modelled 14.8 % over its
+    simulated step (the loss chunk's microbatch in flight beside another
+    chunk's recomputation, which the schedule never runs at once)."""
+    return _held(schedule, microbatches, stages, virtual, running=True)
+
+
+def _held(schedule: str, microbatches: int, stages: int, virtual: int, running: bool):
     out = []
     for k in range(stages):
         mine = list(range(k, stages * virtual, stages))
         flight, done = dict.fromkeys(mine, 0), dict.fromkeys(mine, 0)
-        seen = set()
+        seen: set[tuple[tuple[int, ...], int]] = set()
+
+        def state(runs: int) -> tuple[tuple[int, ...], int]:
+            return tuple(flight[c] for c in mine) + tuple(done[c] for c in mine), runs
+
         for kind, _, chunk in schedule_order(schedule, microbatches, stages, k, virtual):
+            runs = mine.index(chunk) if running else -1
+            if kind == "B" and running:
+                seen.add(state(runs))
             flight[chunk] += 1 if kind == "F" else -1
             done[chunk] += kind == "B"
-            seen.add(tuple(flight[c] for c in mine) + tuple(done[c] for c in mine))
-        # A state is dominated only by one of larger sum: keep those that no
-        # kept one (taken by descending sum) dominates.
-        maximal: list[tuple[int, ...]] = []
-        for v in sorted(seen, key=sum, reverse=True):
-            if not any(all(a >= b for a, b in zip(w, v)) for w in maximal):
-                maximal.append(v)
-        out.append([(v[:virtual], v[virtual:]) for v in sorted(maximal)])
+            if kind == "F" or not running:
+                seen.add(state(runs))
+        # A state is dominated only by one of larger sum with the same chunk
+        # running as far into its backwards: keep those that no kept one
+        # (taken by descending sum) dominates.
+        maximal: list[tuple[tuple[int, ...], int]] = []
+        for v, runs in sorted(seen, key=lambda s: sum(s[0]), reverse=True):
+            key = (runs, runs >= 0 and v[virtual + runs] == 0)
+            if not any((w_runs, w_runs >= 0 and w[virtual + w_runs] == 0) == key
+                       and all(a >= b for a, b in zip(w, v)) for w, w_runs in maximal):
+                maximal.append((v, runs))
+        out.append([(v[:virtual], v[virtual:], runs) for v, runs in sorted(maximal)])
     return out

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from automap.generate.pipeline_order import held_at_once, in_flight_counts
+from automap.generate.pipeline_order import held_while_running, in_flight_counts
 from automap.planner.pipeline_chain import Chain
 from automap.planner.pipeline_mesh import StageMeshes
 from automap.sharding.collectives import DEFAULT_BUCKET_BYTES
@@ -241,7 +241,8 @@ class ChunkMemory:
                       *self.moment[lean]))
         bases = [fixed - (grads if h.done[k] == 0 else 0.0) + h.flight[k] * flight
                  + h.done[k] * done for h in self.holdings]
-        moments = [first if h.done[k] == 0 else later for h in self.holdings]
+        moments = [(first if h.done[k] == 0 else later)
+                   if h.running is None or h.running[k] else 0.0 for h in self.holdings]
         return bases, moments, float(self.step_base[a, b]), float(self.step_temporary[a, b])
 
 
@@ -258,6 +259,9 @@ class Holding:
     flight: list[int]
     done: list[int]
     shares: list[float]
+    #: Per chunk, whether it is the one its rank runs then (None: any may be,
+    #: the largest transient counts): the schedule's own states know.
+    running: list[bool] | None = None
 
 
 def _weighted(ranges: _Ranges, flight: list[int], n: int) -> list[float]:
@@ -279,9 +283,10 @@ def holding_sets(ranges: _Ranges, schedule: str, microbatches: int, n: int,
     GPipe and 1F1B, each stage's in-flight count (one chunk per rank);
     interleaved, each chunk's most in flight and all ``M`` gradients waiting
     at equal and at weighted shares, and the holdings a rank's chunks reach
-    together (``pipeline_order.held_at_once``, weighted shares): the most in
-    flight are reached at different operations, and their sum over-counts
-    (GPT-2 on 2 ranks x 3 chunks, M = 8: 7 microbatches against 5 held)."""
+    together (``pipeline_order.held_while_running``, weighted shares, with
+    the chunk each rank runs then): the most in flight are reached at
+    different operations, and their sum over-counts (GPT-2 on 2 ranks x 3
+    chunks, M = 8: 7 microbatches against 5 held)."""
     chunks = n * virtual
     flights = _flights(schedule, microbatches, n, virtual)
     if virtual == 1:
@@ -296,15 +301,16 @@ def holding_sets(ranges: _Ranges, schedule: str, microbatches: int, n: int,
     waiting = [microbatches] * chunks
     most = [Holding(flights, waiting, [1 / virtual] * chunks),
             Holding(flights, waiting, _weighted(ranges, flights, n))]
-    per_rank = held_at_once(schedule, microbatches, n, virtual)
+    per_rank = held_while_running(schedule, microbatches, n, virtual)
     together = []
     for p in range(max(len(h) for h in per_rank)):
-        flight, done = [0] * chunks, [0] * chunks
+        flight, done, running = [0] * chunks, [0] * chunks, [False] * chunks
         for r, held in enumerate(per_rank):
-            inflight, backwards = held[min(p, len(held) - 1)]
+            inflight, backwards, runs = held[min(p, len(held) - 1)]
             for i in range(virtual):
                 flight[r + n * i], done[r + n * i] = inflight[i], backwards[i]
-        together.append(Holding(flight, done, _weighted(ranges, flight, n)))
+            running[r + n * runs] = True
+        together.append(Holding(flight, done, _weighted(ranges, flight, n), running))
     return [[most[0]], [most[1]], together]
 
 
@@ -714,7 +720,8 @@ def _memory_splits(chain: Chain, ranges: _Ranges, stages: StageMeshes, microbatc
     reserve = float(max(ranges.transient[0, k], ranges.accumulating[0, k])) \
         + ranges.out_grad_max
     return [(holdings, r) for r in (None, reserve)
-            for holdings in sets + [[Holding(h.flight, h.done, list(shares)) for h in held]
+            for holdings in sets + [[Holding(h.flight, h.done, list(shares), h.running)
+                                     for h in held]
                                     for shares in _split_shares(free, n, virtual, r)
                                     for held in sets]]
 
