@@ -102,18 +102,13 @@ def test_held_while_running_dominates_each_operation_with_its_chunk(m, n, v):
     for k, holdings in enumerate(held_while_running("interleaved", m, n, v)):
         mine = list(range(k, n * v, n))
         flight, done, states = dict.fromkeys(mine, 0), dict.fromkeys(mine, 0), set()
-
-        def now(runs):
-            return (tuple(flight[c] for c in mine), tuple(done[c] for c in mine), runs)
-
         for kind, _, chunk in schedule_order("interleaved", m, n, k, v):
             runs = mine.index(chunk)
-            if kind == "B":
-                states.add(now(runs))
+            before = (tuple(flight[c] for c in mine), tuple(done[c] for c in mine), runs)
             flight[chunk] += 1 if kind == "F" else -1
             done[chunk] += kind == "B"
-            if kind == "F":
-                states.add(now(runs))
+            after = (tuple(flight[c] for c in mine), tuple(done[c] for c in mine), runs)
+            states.add(before if kind == "B" else after)
         for f, d, runs in states:
             assert any(r == runs and (d2[runs] == 0) == (d[runs] == 0)
                        and all(a >= b for a, b in zip(f2 + d2, f + d))

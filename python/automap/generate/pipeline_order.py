@@ -109,24 +109,24 @@ def held_while_running(schedule: str, microbatches: int, stages: int, virtual: i
     return _held(schedule, microbatches, stages, virtual, running=True)
 
 
+def _counts(flight: dict, done: dict, mine: list[int]) -> tuple[int, ...]:
+    return tuple(flight[c] for c in mine) + tuple(done[c] for c in mine)
+
+
 def _held(schedule: str, microbatches: int, stages: int, virtual: int, running: bool):
     out = []
     for k in range(stages):
         mine = list(range(k, stages * virtual, stages))
         flight, done = dict.fromkeys(mine, 0), dict.fromkeys(mine, 0)
         seen: set[tuple[tuple[int, ...], int]] = set()
-
-        def state(runs: int) -> tuple[tuple[int, ...], int]:
-            return tuple(flight[c] for c in mine) + tuple(done[c] for c in mine), runs
-
         for kind, _, chunk in schedule_order(schedule, microbatches, stages, k, virtual):
             runs = mine.index(chunk) if running else -1
             if kind == "B" and running:
-                seen.add(state(runs))
+                seen.add((_counts(flight, done, mine), runs))
             flight[chunk] += 1 if kind == "F" else -1
             done[chunk] += kind == "B"
             if kind == "F" or not running:
-                seen.add(state(runs))
+                seen.add((_counts(flight, done, mine), runs))
         # A state is dominated only by one of larger sum with the same chunk
         # running as far into its backwards: keep those that no kept one
         # (taken by descending sum) dominates.
