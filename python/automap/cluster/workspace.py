@@ -83,7 +83,7 @@ def modelled_library_workspace_bytes(capability: tuple[int, int] = FALLBACK_CAPA
 def measure_library_workspace_bytes(device: str | torch.device) -> int:
     """What the math libraries keep allocated on CUDA ``device`` after a
     training step's kinds of matmul (a linear layer with a bias, forward and
-    backward, in float32 and bfloat16), measured from a clean start: torch's
+    backward, in float32 and, where supported, bfloat16), measured from a clean start: torch's
     cached cuBLAS workspaces are released first. 0 on other devices."""
     device = torch.device(device)
     if device.type != "cuda":
@@ -94,7 +94,9 @@ def measure_library_workspace_bytes(device: str | torch.device) -> int:
         if clear is not None:
             clear()
         before = torch.cuda.memory_allocated(device)
-        for dtype in (torch.float32, torch.bfloat16):
+        dtypes = (torch.float32, torch.bfloat16) if torch.cuda.is_bf16_supported() else \
+            (torch.float32,)
+        for dtype in dtypes:
             weight = torch.randn(64, 64, device=device, dtype=dtype, requires_grad=True)
             bias = torch.zeros(64, device=device, dtype=dtype, requires_grad=True)
             x = torch.randn(16, 64, device=device, dtype=dtype, requires_grad=True)

@@ -77,7 +77,7 @@ class Unit:
     out_uncounted_bytes: float = 0.0
     #: Its for-loop optimizer temporaries at their peak over its parameters,
     #: each beside what is held of the one the model's order steps before it
-    #: (``memory.loop_temp_bytes``; that one may be on another rank: an over-count).
+    #: (``memory.loop_temps``; that one may be on another rank: an over-count).
     loop_temp_bytes: float = 0.0
     #: Whether it reads a trainable parameter: a stage needs one (its rank holds
     #: something to optimise; ``pipeline_partition._stage_matrices``).
