@@ -57,9 +57,15 @@ def test_cpus_hold_none_and_a_cluster_files_figure_wins():
     assert library_workspace_bytes("cuda", {"library_workspace_bytes": 12345.0}) == 12345
 
 
+def test_a_cluster_files_gpus_without_the_figure_are_modelled():
+    # Not this process's GPU, where it has one: the file's devices may be others.
+    assert library_workspace_bytes("cuda", {}) == modelled_library_workspace_bytes()
+    assert library_workspace_bytes("cuda", {"compute_capability": (9, 0)}) == 66 * MIB
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU here is measured, not modelled")
 def test_a_gpu_planned_from_a_cpu_is_modelled():
-    assert library_workspace_bytes("cuda", {}) == modelled_library_workspace_bytes()
+    assert library_workspace_bytes("cuda") == modelled_library_workspace_bytes()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

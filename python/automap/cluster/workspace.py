@@ -114,15 +114,17 @@ def library_workspace_bytes(kind: str, known: Mapping | None = None,
                             device: str | torch.device | None = None) -> int:
     """The bytes each device of ``kind`` holds for its libraries through a
     step: 0 on CPUs; on CUDA ``known["library_workspace_bytes"]`` (a cluster
-    file's), else this process's GPU (``device``, default the current one)
-    measured once, else the model of torch's defaults
-    (``known["compute_capability"]``, else ``FALLBACK_CAPABILITY``)."""
+    file's), else, for devices no cluster file describes (``known`` None),
+    this process's GPU (``device``, default the current one) measured once,
+    else the model of torch's defaults (``known["compute_capability"]``, else
+    ``FALLBACK_CAPABILITY``): a cluster file's devices are not necessarily
+    this process's GPU."""
     if kind != "cuda":
         return 0
     given = (known or {}).get("library_workspace_bytes")
     if given is not None:
         return int(given)
-    if torch.cuda.is_available():
+    if known is None and torch.cuda.is_available():
         device = torch.device(device) if device is not None and torch.device(device).type == \
             "cuda" else torch.device("cuda", torch.cuda.current_device())
         if str(device) not in _measured:
