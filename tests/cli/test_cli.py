@@ -14,6 +14,7 @@ import pytest
 
 from automap.cli import main
 from automap.cli.arguments import parse_bytes
+from cli_factories import mlp_factory
 
 COMMANDS = ("demo", "plan", "explain", "estimate", "detect")
 
@@ -115,14 +116,8 @@ def test_plan_reads_a_cluster_file(tmp_path, capsys):
     (Hopper's defaults for H100s, named by the file)."""
     from automap.planner.plan import Plan
 
-    factory = tmp_path / "factory.py"
-    factory.write_text("import torch\n"
-                       "def build():\n"
-                       "    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),\n"
-                       "                                torch.nn.Linear(64, 8))\n"
-                       "    return model, (torch.randn(4, 64),)\n")
     out = tmp_path / "plan.json"
-    assert main(["plan", f"{factory}:build", "--cluster", _cluster_file(tmp_path, "H100"),
+    assert main(["plan", mlp_factory(tmp_path), "--cluster", _cluster_file(tmp_path, "H100"),
                  "--memory", "100MiB", "-o", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "library_workspaces    66.0 MiB" in printed

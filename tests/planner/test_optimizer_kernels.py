@@ -20,6 +20,7 @@ from automap.generate.simulate import simulate_step
 from automap.planner.reserve import HEADROOM
 from automap.trace.optimizer_names import resolve_optimizer_impl
 from automap.trace.tracing import trace
+from cli_factories import mlp_factory
 from pipeline_plans import DeepMLP, mean_square_loss
 from speeds import speeds
 
@@ -158,14 +159,8 @@ def test_the_command_line_plans_for_the_kernels_named(tmp_path, capsys):
     from automap.cli import main
     from automap.planner.plan import Plan
 
-    factory = tmp_path / "factory.py"
-    factory.write_text("import torch\n"
-                       "def build():\n"
-                       "    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),\n"
-                       "                                torch.nn.Linear(64, 8))\n"
-                       "    return model, (torch.randn(4, 64),)\n")
     out = tmp_path / "plan.json"
-    assert main(["plan", f"{factory}:build", "--mesh", "2", "--flops", "1e12",
+    assert main(["plan", mlp_factory(tmp_path), "--mesh", "2", "--flops", "1e12",
                  "--optimizer-impl", "foreach", "-o", str(out)]) == 0
     assert "adamw stepping with foreach kernels" in capsys.readouterr().out
     assert Plan.from_json(out).cost_constants["optimizer_impl"] == "foreach"

@@ -46,9 +46,9 @@ from automap.solve.flow_edges import (
     class_coupling,
 )
 from automap.solve.memory import (
-    OPTIMIZER_CARRY_FACTOR,
     edge_memory,
     estimate_memory,
+    loop_carry,
     optimizer_temporaries,
     timeline,
     waiting_gradient_bytes,
@@ -1197,9 +1197,8 @@ class _MemoryRows:
         self.shard_count = ShardCounts(table.mesh)
         self.opt_of_largest, self.opt_of_all = optimizer_temporaries(optimizer,
                                                                      table.optimizer_impl)
-        name = optimizer.lower() if isinstance(optimizer, str) else "adamw"
         # What a for-loop step still holds of the shard it stepped before.
-        self.opt_carry = OPTIMIZER_CARRY_FACTOR.get(name, 0.0) if self.opt_of_largest else 0.0
+        self.opt_carry = loop_carry(optimizer, table.optimizer_impl)
         # (consumer, producer root, a_idx, consumer root, b_idx, edge block key, matrices)
         self.edge_terms: list[tuple] = []
         self._terms: dict[tuple, int] = {}  # distinct term -> its variable

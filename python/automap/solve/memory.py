@@ -90,17 +90,24 @@ def optimizer_temporaries(optimizer, impl: str = "for-loop") -> tuple[float, flo
 OPTIMIZER_CARRY_FACTOR = {"adam": 1.0, "adamw": 1.0}
 
 
+def loop_carry(optimizer, impl: str = "for-loop") -> float:
+    """``OPTIMIZER_CARRY_FACTOR`` of ``optimizer`` where its step runs one
+    tensor at a time with temporaries (``impl``), else 0."""
+    of_largest, _ = optimizer_temporaries(optimizer, impl)
+    if not of_largest:
+        return 0.0
+    name = optimizer.lower() if isinstance(optimizer, str) else "adamw"
+    return OPTIMIZER_CARRY_FACTOR.get(name, 0.0)
+
+
 def loop_temps(optimizer, impl: str, shard_bytes: Sequence[float]) -> np.ndarray:
     """Per parameter shard of ``shard_bytes`` (in the order the optimizer steps
     them: the model's ``parameters()`` order), a for-loop step's temporaries
     while it steps that one; zeros for other kernels."""
     of_largest, _ = optimizer_temporaries(optimizer, impl)
     shards = np.asarray(shard_bytes, dtype=float)
-    if not of_largest or not len(shards):
-        return np.zeros(len(shards))
-    name = optimizer.lower() if isinstance(optimizer, str) else "adamw"
     before = np.concatenate([[0.0], shards[:-1]])
-    return of_largest * shards + OPTIMIZER_CARRY_FACTOR.get(name, 0.0) * before
+    return of_largest * shards + loop_carry(optimizer, impl) * before
 
 
 def loop_temp_bytes(optimizer, impl: str, shard_bytes: Sequence[float]) -> float:
