@@ -187,6 +187,8 @@ class _Model:
     least_ended: bool = False
     mip: highspy.Highs | None = None
     lagrangian: highspy.Highs | None = None
+    #: The costliest plan's objective in seconds (``_Ceiling``; inf: not known).
+    costliest_plan_s: float = math.inf
 
     @cached_property
     def binaries(self) -> np.ndarray:
@@ -203,13 +205,20 @@ class _Model:
         return np.asarray(self.lp.row_upper_)[self.limit_rows]
 
     def objective_ceiling(self) -> float:
-        """A cost above every feasible point's (inf where columns are unbounded):
-        each column at its costliest bound, doubled against the solver's
-        tolerances. The dual simplex's objective climbs past it where no point
-        is feasible long before it proves infeasibility otherwise (GPT-2 small
-        on (2,2,2), whole parameters at 2.96 GiB: 1.9e10 against a ceiling of
-        1.3e9 after 1.9 k iterations, 0.5 s; without it the proof stalled the
-        60 s limit removing the cost perturbation)."""
+        """A cost above every plan's (its binaries integral, the other columns
+        at their cheapest): per choice its costliest option, summed
+        (``costliest_plan_s``), doubled against the solver's tolerances. Where
+        the dual simplex's objective passes it, no plan fits: long before it
+        proves infeasibility otherwise (GPT-2 small on (2,2,2), whole
+        parameters at 2.96 GiB: 1.9e10 against a ceiling of 1.3e9 after 1.9 k
+        iterations, 0.5 s; without it the proof stalled the 60 s limit removing
+        the cost perturbation). The plans' own ceiling is tighter than every
+        column at its costliest bound (the relaxation's points; 1.3e9 there)
+        and the proofs come sooner: the (2,2,2) plan's 3.3 GB rung 0.9 s
+        against 2.0 s, a 3.6 GB one 1.7 against 4.8 s. Inf where columns are
+        unbounded and priced outside the choices."""
+        if math.isfinite(self.costliest_plan_s):
+            return 2.0 * (self.costliest_plan_s * _US + abs(float(self.lp.offset_))) + 1.0
         cost = np.asarray(self.lp.col_cost_)
         used = cost != 0
         lower = np.asarray(self.lp.col_lower_)[used]
@@ -929,6 +938,7 @@ class ShardingIlp:
                       for r, vs in members.items()}
         cols: dict[str, np.ndarray] = {}
         constant_s = 0.0
+        ceiling = _Ceiling()
         memory = _MemoryRows(table, self.optimizer) if memory_budget_bytes else None
         # Edges first (they may fold costs into node costs).
         edge_blocks: dict[tuple, list] = {}
@@ -1013,6 +1023,7 @@ class ShardingIlp:
         for r in members:
             if len(nodes[r]) > 1:
                 cols[r] = b.columns(group_cost[r], integer=True, upper=_allowed(banned.get(r)))
+                ceiling.choice(cols[r], group_cost[r], _allowed(banned.get(r)))
                 row = b.rows(1.0, 1.0)
                 b.entries(np.repeat(row, len(nodes[r])), cols[r], 1.0)
             else:
@@ -1046,6 +1057,8 @@ class ShardingIlp:
             if net is not None:
                 flow_vars = add_flow_edge(b, net, flow[1], cols[producer], a_idx,
                                           cols[consumer], b_idx)
+                # The cheapest flow between two specs costs their conversion.
+                ceiling.choice(np.arange(b.ncol - flow_vars, b.ncol), r, 1.0)
                 if coupling is not None:
                     edge_cols[key] = add_class_coupling(b, coupling, cols[producer], a_idx,
                                                         cols[consumer], b_idx)
@@ -1055,6 +1068,7 @@ class ShardingIlp:
                 pairs_replaced += r.size - flow_vars
                 continue
             ecols = b.columns(r.ravel(), integer=False, upper=_allowed(banned_pairs.get(key)))
+            ceiling.choice(ecols, r.ravel(), _allowed(banned_pairs.get(key)))
             edge_cols[key] = ecols
             num_edge_vars += len(ecols)
             grid_a = np.repeat(np.arange(na), nb)
@@ -1066,7 +1080,7 @@ class ShardingIlp:
             b.entries(rows_b[grid_b], ecols, 1.0)
             b.entries(rows_b[b_idx], cols[consumer], -1.0)
 
-        _shared_gradient_terms(b, table, root, index, cols, nw)
+        _shared_gradient_terms(b, table, root, index, cols, nw, ceiling)
 
         # Tied parameters choose the same spec.
         for name, node in nodes.items():
@@ -1084,13 +1098,14 @@ class ShardingIlp:
                                       mem_unit,
                                       MEMORY_QUANTUM * max(1.0, floor))
         lp = b.lp()
+        costliest_s = ceiling.total_s(np.asarray(lp.col_cost_)) + constant_s
         # Costs in microseconds: HiGHS's tolerances are absolute, step times small.
         lp.col_cost_ = np.asarray(lp.col_cost_) * _US
         return _Model(lp, cols, constant_s, budget_col, mem_unit, time.perf_counter() - start,
                       sum(len(c) for c in cols.values()), num_edge_vars,
                       memory.line if memory is not None else timeline(table),
                       np.array(memory.limit_rows if memory is not None else [], dtype=np.int64),
-                      b.nonzeros, lp.num_col_ + pairs_replaced)
+                      b.nonzeros, lp.num_col_ + pairs_replaced, costliest_plan_s=costliest_s)
 
 
 #: Memory coefficients are rounded up to multiples of this share of the least
@@ -1128,7 +1143,8 @@ def _memory_unit(floor_bytes: float, budget: float | None) -> float:
     return max(float(budget or 0.0), floor_bytes, 1.0)
 
 
-def _shared_gradient_terms(b: _Builder, table: StrategyTable, root, index, cols, nw) -> None:
+def _shared_gradient_terms(b: _Builder, table: StrategyTable, root, index, cols, nw,
+                           ceiling: _Ceiling) -> None:
     """Take back the gradient all-reduces that readers of one tensor share
     (``solve/shared_gradients.py``): each reader's strategy prices its own. Per
     produced tensor, spec t and mesh axes A read by several readers: per reader a
@@ -1174,6 +1190,7 @@ def _shared_gradient_terms(b: _Builder, table: StrategyTable, root, index, cols,
             local = nodes[producer].outputs[o].nbytes / shard_count(spec)
             cost = weight * table.mesh.all_reduce_cost_s(local, axes)
             z = b.columns([cost], integer=False)[0]
+            ceiling.choice(np.array([z]), np.array([cost]), 1.0)  # the OR: at most 1
             for (consumer, _), js in by_reader.items():
                 f = b.columns([-cost], integer=False)[0]
                 if not (at_most(f, consumer, np.array(js)) and at_most(f, producer, made_cols)):
@@ -1181,6 +1198,31 @@ def _shared_gradient_terms(b: _Builder, table: StrategyTable, root, index, cols,
                     continue
                 row = b.rows(0.0, np.inf)
                 b.entries(np.repeat(row, 2), np.array([z, f]), np.array([1.0, -1.0]))
+
+
+class _Ceiling:
+    """The costliest plan's objective, summed per choice as it is built: a
+    node's strategies, an edge's conversions (its spec pairs, or the flow
+    between them, whose cheapest route costs the pair's conversion) and the
+    shared all-reduces (each at most once). Columns it does not know, priced
+    above 0, leave it unknown (inf); credits (costs under 0) only lower a plan's."""
+
+    def __init__(self) -> None:
+        self.costliest_s = 0.0
+        self.known: list[np.ndarray] = []
+
+    def choice(self, columns: np.ndarray, cost_s, upper) -> None:
+        """One option of ``cost_s`` (per option; ``upper`` 0 where not allowed) is chosen."""
+        cost_s = np.ravel(np.asarray(cost_s, dtype=float))
+        allowed = np.broadcast_to(np.asarray(upper) > 0, cost_s.shape)
+        self.costliest_s += max(0.0, float(cost_s[allowed].max())) if allowed.any() else 0.0
+        self.known.append(np.asarray(columns))
+
+    def total_s(self, cost_s: np.ndarray) -> float:
+        known = np.zeros(len(cost_s), dtype=bool)
+        if self.known:
+            known[np.concatenate(self.known).astype(np.int64)] = True
+        return self.costliest_s if not np.any(cost_s[~known] > 0) else math.inf
 
 
 class _MemoryRows:
