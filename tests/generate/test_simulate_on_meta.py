@@ -15,8 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import automap
 from automap import DeviceMesh
 from automap.generate import simulate
-from automap.generate.cpu_on_meta import cpu_attention, runs_as_on_cpu
 from automap.generate.simulate import simulate_step
+from automap.trace.cpu_on_meta import cpu_attention, runs_as_on_cpu
 from automap.trace.tracing import trace
 from model_matrix import build as build_matrix_model
 from model_zoo import gpt2, mlp, resnet

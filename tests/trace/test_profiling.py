@@ -353,11 +353,19 @@ class _ReadsAValueInBackward(nn.Module):
         return _value_scaled(self.fc(x), s).sum()
 
 
-def test_a_backward_that_reads_values_is_a_trace_error_naming_it():
+def test_a_backward_that_reads_values_is_a_trace_error_naming_it(monkeypatch):
     """A custom op's backward that reads a tensor's values (transformers 5.17's
     MoE fallback calls ``.tolist()``: Mixtral on torch 2.13) raised torch's
-    untyped DataDependentOutputException from ``automap.plan``."""
+    untyped DataDependentOutputException from ``automap.plan``. The step on
+    meta tensors fails untyped and the FakeTensor step names it."""
+    from automap.trace import profiling
+
+    ran_on = []
+    step = profiling._profiled_step
+    monkeypatch.setattr(profiling, "_profiled_step",
+                        lambda t, o, d, on: ran_on.append(on.type) or step(t, o, d, on))
     with pytest.raises(TraceError, match=r"_value_scaled_backward \(.*test_profiling\.py:\d+\)"
                                          r": it reads tensor values"):
         profile(_ReadsAValueInBackward(), (torch.randn(2, 4), torch.tensor([2.0])), "adamw",
                 loss_fn=lambda out: out)
+    assert ran_on == ["meta", "cpu"]

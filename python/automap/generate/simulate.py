@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from automap.generate.cpu_on_meta import checkpoints_as_on_cpu, run_cpu_kernels, runs_as_on_cpu
 from automap.generate.grad_sync import DEFAULT_BUCKET_BYTES
 from automap.generate.program import assemble
 from automap.sharding.collectives import buffer_tag
 from automap.sharding.process_groups import SimulatedGroups
 from automap.sharding.spec import ShardingSpec
+from automap.trace.cpu_on_meta import checkpoints_as_on_cpu, run_cpu_kernels, runs_as_on_cpu
 from automap.trace.profiling import (
     TrackStorage,
     create_optimizer_state,
@@ -197,7 +197,7 @@ class _Timeline:
 
 #: A CPU step runs on meta tensors: the same kernels' shapes and strides
 #: (FakeTensors run the meta kernels too; attention's kernel is the CPU's,
-#: ``generate/cpu_on_meta.py``) without FakeTensorMode's Python dispatch,
+#: ``trace/cpu_on_meta.py``) without FakeTensorMode's Python dispatch,
 #: half the time (GPT-2 small on (2,2,2): 1.2 s against 2.0-2.7 s).
 #: Other devices, fused optimizer kernels, optimizers of the user's own and
 #: graphs with convolutions or recurrent layers keep FakeTensors (the program

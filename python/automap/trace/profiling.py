@@ -60,6 +60,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from automap.errors import AutomapError, TraceError
 from automap.progress import stage
 from automap.trace.causal_mask import CAUSAL_MASK, causal_call
+from automap.trace.cpu_on_meta import ATTENTION_OPS, cpu_attention, runs_as_on_cpu
 from automap.trace.kernel_scratch import measured_scratch
 from automap.trace.tracing import TracedGraph, default_loss, trace
 
@@ -358,27 +359,49 @@ def profile_traced(
         raise AutomapError("estimating for device 'cuda' needs CUDA here; use device='cpu'")
     if device.type not in ("cpu", "meta") and device.index is None:
         device = torch.device(device.type, 0)  # what tensors created on "cuda" report
-    with stage(log, f"profiled a training step of {len(traced.nodes)} nodes on {device}"), \
-            _values_are_a_trace_error():
-        with FakeTensorMode(allow_non_fake_inputs=False):
-            state = _make_state(traced, device)
-            opt, opt_name = make_optimizer(optimizer, state.trainable(), device)
+    with stage(log, f"profiled a training step of {len(traced.nodes)} nodes on {device}"):
+        if device.type == "cpu" and PROFILE_CPU_ON_META and runs_as_on_cpu(traced.graph) and \
+                (optimizer is None or isinstance(optimizer, str)):
+            try:
+                return _profiled_step(traced, optimizer, device, torch.device("meta"))
+            except Exception as exc:  # noqa: BLE001 - the FakeTensor step says what it is
+                # An op that needs values (meta kernels refuse them untyped):
+                # the FakeTensor step names it as a TraceError.
+                log.debug("the step on meta tensors failed (%s); on FakeTensors", exc)
+        with _values_are_a_trace_error():
+            return _profiled_step(traced, optimizer, device, device)
+
+
+#: A CPU step is profiled on meta tensors (``trace/cpu_on_meta.py``), as the
+#: simulated step runs: FakeTensorMode's dispatch was about half its time.
+#: False: FakeTensors on the CPU too (what the tests check it against).
+PROFILE_CPU_ON_META = True
+
+
+def _profiled_step(traced: TracedGraph, optimizer: OptimizerArg, device: torch.device,
+                   on: torch.device) -> Profile:
+    """The profile for ``device`` of one step run on tensors of ``on`` (meta
+    for a CPU, else FakeTensors of ``device``)."""
+    meta = on.type == "meta" and device.type != "meta"
+    with contextlib.nullcontext() if meta else FakeTensorMode(allow_non_fake_inputs=False):
+        state = _make_state(traced, on)
+        opt, opt_name = make_optimizer(optimizer, state.trainable(), device)
+        if opt is not None:
+            create_optimizer_state(opt, state.trainable())
+        rec = _Recorder(traced)
+        rec.track_persistent(state, opt)
+        with FlopCounterMode(display=False) as flops, TrackStorage(rec, device):
+            rec.flop_counter = flops
+            runner = _Runner(traced, rec, on, cpu_kernels=meta)
+            outputs = runner.run(*state.placeholder_values)
+            loss = outputs[traced.user_output_index]
+            rec.boundary(BACKWARD, "")
+            loss.backward()
+            gradient_bytes = rec.gradient_bytes(state.trainable())
+            rec.boundary(OPTIMIZER, "")  # settles the FLOPs of the last backward node
             if opt is not None:
-                create_optimizer_state(opt, state.trainable())
-            rec = _Recorder(traced)
-            rec.track_persistent(state, opt)
-            with FlopCounterMode(display=False) as flops, TrackStorage(rec, device):
-                rec.flop_counter = flops
-                runner = _Runner(traced, rec, device)
-                outputs = runner.run(*state.placeholder_values)
-                loss = outputs[traced.user_output_index]
-                rec.boundary(BACKWARD, "")
-                loss.backward()
-                gradient_bytes = rec.gradient_bytes(state.trainable())
-                rec.boundary(OPTIMIZER, "")  # settles the FLOPs of the last backward node
-                if opt is not None:
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
     return rec.result(device, opt_name, gradient_bytes)
 
 
@@ -959,10 +982,12 @@ class _Runner(fx.Interpreter):
     """Runs the exported graph node by node, telling the recorder where it is. Values
     are dropped after their last use, as eager Python drops its temporaries."""
 
-    def __init__(self, traced: TracedGraph, rec: _Recorder, device: torch.device) -> None:
+    def __init__(self, traced: TracedGraph, rec: _Recorder, device: torch.device,
+                 cpu_kernels: bool = False) -> None:
         super().__init__(traced.graph_module_on(device), garbage_collect_values=True)
         self.rec = rec
         self.node: fx.Node | None = None
+        self.cpu_kernels = cpu_kernels  # meta tensors standing for CPU ones
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op != "call_function":
@@ -982,6 +1007,8 @@ class _Runner(fx.Interpreter):
         # 1 MiB per layer that GPT-2 (4 x 256, batch 4 per rank) does not keep).
         if self.node is not None and self.node.meta.get(CAUSAL_MASK):
             args, kwargs = causal_call(args, kwargs)
+        if self.cpu_kernels and target in ATTENTION_OPS:
+            target = cpu_attention
         return super().call_function(target, args, kwargs)
 
 

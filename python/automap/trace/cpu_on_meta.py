@@ -1,14 +1,15 @@
-"""Meta tensors standing for CPU ones (``generate/simulate.py``): the kernels a
-CPU step would run. Every op's meta kernel gives the CPU kernel's shapes and
-strides, but scaled-dot-product attention picks its kernel by device inside
-its composite (no dispatch the simulation sees): on meta it always decomposes
-into the math path, whose intermediates the CPU's flash kernel does not
-allocate (13-20 KiB per layer on the tests' ViT, Llama and GPT-2). The
-program's attention calls go to ``cpu_attention`` instead, which asks the
-CPU's own choice of empty CPU tensors of the same layout (their pages are
-never touched) and runs that kernel. And a checkpoint region's recomputation
-forks the CPU generator around itself for CPU tensors, not for meta ones
-(``checkpoints_as_on_cpu``): one generator state (5 KB) per region.
+"""Meta tensors standing for CPU ones (the profiled step, ``trace/profiling.py``,
+and the simulated one, ``generate/simulate.py``): the kernels a CPU step would
+run. Every op's meta kernel gives the CPU kernel's shapes and strides, but
+scaled-dot-product attention picks its kernel by device inside its composite
+(no dispatch the simulation sees): on meta it always decomposes into the math
+path, whose intermediates the CPU's flash kernel does not allocate (13-20 KiB
+per layer on the tests' ViT, Llama and GPT-2). The program's attention calls go
+to ``cpu_attention`` instead, which asks the CPU's own choice of empty CPU
+tensors of the same layout (their pages are never touched) and runs that
+kernel. And a checkpoint region's recomputation forks the CPU generator around
+itself for CPU tensors, not for meta ones (``checkpoints_as_on_cpu``): one
+generator state (5 KB) per region.
 
 Convolutions (their output's memory format is the backend's: ConvNeXt's
 depthwise ones peaked 43 % lower on meta) and recurrent layers (their CPU
@@ -27,7 +28,7 @@ from torch import fx, nn
 from torch.utils._python_dispatch import _disable_current_modes
 
 _aten = torch.ops.aten
-_ATTENTION = (_aten.scaled_dot_product_attention.default,
+ATTENTION_OPS = (_aten.scaled_dot_product_attention.default,
               torch.nn.functional.scaled_dot_product_attention)
 #: ``torch.nn.attention.SDPBackend.FLASH_ATTENTION``'s value.
 _FLASH = 1
@@ -51,7 +52,8 @@ def run_cpu_kernels(module: nn.Module) -> None:
     for sub in module.modules():
         if not isinstance(sub, fx.GraphModule):
             continue
-        calls = [n for n in sub.graph.nodes if n.op == "call_function" and n.target in _ATTENTION]
+        calls = [n for n in sub.graph.nodes
+                 if n.op == "call_function" and n.target in ATTENTION_OPS]
         for node in calls:
             node.target = cpu_attention
         if calls:
