@@ -214,9 +214,10 @@ class _Model:
         iterations, 0.5 s; without it the proof stalled the 60 s limit removing
         the cost perturbation). The plans' own ceiling is tighter than every
         column at its costliest bound (the relaxation's points; 1.3e9 there)
-        and the proofs come sooner: the (2,2,2) plan's 3.3 GB rung 0.9 s
-        against 2.0 s, a 3.6 GB one 1.7 against 4.8 s. Inf where columns are
-        unbounded and priced outside the choices."""
+        and the proofs come sooner: GPT-2 small (2,2,2) at 0.5x, the 3.46 GB
+        rung's probe 0.79 s against 1.65 s; (4,4,4) at 0.5x, the 1.5 GiB
+        rung's dive 3.5 against 5.9 s. Inf where columns are unbounded and
+        priced outside the choices."""
         if math.isfinite(self.costliest_plan_s):
             return 2.0 * (self.costliest_plan_s * _US + abs(float(self.lp.offset_))) + 1.0
         cost = np.asarray(self.lp.col_cost_)
