@@ -19,11 +19,17 @@ _FIELDS = ("device", "optimizer", "parameter_bytes", "gradient_bytes", "optimize
            "peak_breakdown", "phase_peak_bytes", "fwd_flops", "bwd_flops", "nodes")
 
 
-def _profiles(monkeypatch, traced, optimizer="adamw"):
-    ran_on = []
+def _recording_where_it_runs(monkeypatch) -> list[str]:
+    """The device type of each step ``profile_traced`` runs, from now on."""
+    ran_on: list[str] = []
     step = profiling._profiled_step
     monkeypatch.setattr(profiling, "_profiled_step",
                         lambda t, o, d, on: ran_on.append(on.type) or step(t, o, d, on))
+    return ran_on
+
+
+def _profiles(monkeypatch, traced, optimizer="adamw"):
+    ran_on = _recording_where_it_runs(monkeypatch)
     on_meta = profiling.profile_traced(traced, optimizer)
     monkeypatch.setattr(profiling, "PROFILE_CPU_ON_META", False)
     fake = profiling.profile_traced(traced, optimizer)
@@ -49,9 +55,6 @@ def test_a_cpu_profile_on_meta_tensors_is_the_fake_profile(monkeypatch, name, op
 def test_graphs_whose_kernels_choose_by_device_are_profiled_on_fake_tensors(monkeypatch, name):
     model, inputs, loss_fn = build(name)
     traced = trace(model, inputs, loss_fn=loss_fn)
-    ran_on = []
-    step = profiling._profiled_step
-    monkeypatch.setattr(profiling, "_profiled_step",
-                        lambda t, o, d, on: ran_on.append(on.type) or step(t, o, d, on))
+    ran_on = _recording_where_it_runs(monkeypatch)
     profiling.profile_traced(traced, "adamw")
     assert ran_on == ["cpu"]

@@ -9,9 +9,13 @@ import math
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import is_fake
 
-from automap.sharding.collectives import all_reduce_, all_reduce_sum, identity_all_reduce_grad
+from automap.sharding.collectives import (
+    all_reduce_,
+    all_reduce_sum,
+    identity_all_reduce_grad,
+    is_simulated,
+)
 from automap.sharding.process_groups import AxisGroup
 
 
@@ -168,18 +172,13 @@ class _ClassParallelCrossEntropy(torch.autograd.Function):
         return grad_logits, None, None, None, None
 
 
-def _simulated(t: torch.Tensor) -> bool:
-    """A tensor of a simulated step (``generate/simulate.py``): fake or meta, no values."""
-    return t.is_meta or is_fake(t)
-
-
 def expert_parallel_grouped_mm(op, x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor,
                                first_expert: int) -> torch.Tensor:
     """A grouped matmul over this shard's experts ``first_expert ..`` (rows of x
     sorted by expert, ``offs`` the global row ends per expert): their rows
     computed, zeros elsewhere, so the shards' outputs sum to the whole result."""
     last = first_expert + weight.shape[0]
-    if _simulated(offs):  # generate/simulate.py: rows spread evenly
+    if is_simulated(offs):  # generate/simulate.py: rows spread evenly
         start, end = (x.shape[0] * e // offs.shape[0] for e in (first_expert, last))
     else:
         start = int(offs[first_expert - 1]) if first_expert > 0 else 0
@@ -227,7 +226,7 @@ def with_shard_rng(shard: int, op, *args, **kwargs):
     dropout, which cannot be drawn whole): one seed from the default generator
     (the same on every rank, which all advance alike), plus the shard index, so
     that replicas of a shard draw alike and other shards independently."""
-    if any(_simulated(a) for a in args if isinstance(a, torch.Tensor)):
+    if any(is_simulated(a) for a in args if isinstance(a, torch.Tensor)):
         return op(*args, **kwargs)  # simulated: no numbers drawn
     seed = int(torch.randint(0, 2**62, (1,)).item())
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []

@@ -27,7 +27,7 @@ from automap.generate.program import assemble
 from automap.sharding.collectives import buffer_tag
 from automap.sharding.process_groups import SimulatedGroups
 from automap.sharding.spec import ShardingSpec
-from automap.trace.cpu_on_meta import checkpoints_as_on_cpu, run_cpu_kernels, runs_as_on_cpu
+from automap.trace.cpu_on_meta import checkpoints_as_on_cpu, run_cpu_kernels, step_on_meta
 from automap.trace.profiling import (
     TrackStorage,
     create_optimizer_state,
@@ -221,11 +221,8 @@ def simulate_step(traced, plan, *, rank: int | None = None, optimizer="adamw",
     rank = plan.mesh.ranks[0] if rank is None else rank
     groups = SimulatedGroups(plan.mesh, rank, backend)
     timeline = _Timeline()
-    # torch's fused optimizer kernels refuse meta tensors, and an optimizer of
-    # the user's own may make them.
-    meta = device.type == "cpu" and SIMULATE_CPU_ON_META and \
-        (optimizer is None or isinstance(optimizer, str)) and optimizer_impl != "fused" and \
-        runs_as_on_cpu(traced.graph)
+    meta = SIMULATE_CPU_ON_META and step_on_meta(device, traced.graph, optimizer,
+                                                 optimizer_impl)
     on = torch.device("meta") if meta else device
     with contextlib.nullcontext() if on.type == "meta" else \
             FakeTensorMode(allow_non_fake_inputs=True):

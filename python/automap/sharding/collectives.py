@@ -236,13 +236,18 @@ def free_temporary(t: torch.Tensor) -> None:
     wait on a busy machine (seen: a reduce-scatter's 512 KB stacked input kept
     to the end of the step on one rank of four; an all-to-all's 256 KB send
     buffer in benches/trust.py's ResNet), where the simulated step and the
-    memory model free it here. Fake and meta tensors (a simulated step,
-    which frees it by reference count at the same point) are left alone."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    if isinstance(t, FakeTensor) or t.is_meta:
+    memory model free it here. A simulated step's tensors (which it frees by
+    reference count at the same point) are left alone."""
+    if is_simulated(t):
         return
     t.untyped_storage().resize_(0)
+
+
+def is_simulated(t: torch.Tensor) -> bool:
+    """A tensor of a simulated step (``generate/simulate.py``): fake or meta, no values."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return t.is_meta or is_fake(t)
 
 
 def _backend(g: AxisGroup) -> str:

@@ -46,6 +46,16 @@ def runs_as_on_cpu(graph: fx.Graph) -> bool:
                    for n in graph.nodes)
 
 
+def step_on_meta(device: torch.device, graph: fx.Graph, optimizer,
+                 optimizer_impl: str = "auto") -> bool:
+    """Whether a step of ``graph`` for ``device`` runs on meta tensors: a CPU's,
+    with ops that run there as on the CPU and an optimizer named by automap
+    (one of the user's own may make fused kernels, which torch refuses on meta),
+    not fused."""
+    return device.type == "cpu" and runs_as_on_cpu(graph) and optimizer_impl != "fused" and \
+        (optimizer is None or isinstance(optimizer, str))
+
+
 def run_cpu_kernels(module: nn.Module) -> None:
     """Point the attention calls of ``module``'s graphs (its checkpoint regions'
     too, which run again in the backward) at ``cpu_attention``."""

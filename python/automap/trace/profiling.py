@@ -60,7 +60,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from automap.errors import AutomapError, TraceError
 from automap.progress import stage
 from automap.trace.causal_mask import CAUSAL_MASK, causal_call
-from automap.trace.cpu_on_meta import ATTENTION_OPS, cpu_attention, runs_as_on_cpu
+from automap.trace.cpu_on_meta import ATTENTION_OPS, cpu_attention, step_on_meta
 from automap.trace.kernel_scratch import measured_scratch
 from automap.trace.tracing import TracedGraph, default_loss, trace
 
@@ -360,8 +360,7 @@ def profile_traced(
     if device.type not in ("cpu", "meta") and device.index is None:
         device = torch.device(device.type, 0)  # what tensors created on "cuda" report
     with stage(log, f"profiled a training step of {len(traced.nodes)} nodes on {device}"):
-        if device.type == "cpu" and PROFILE_CPU_ON_META and runs_as_on_cpu(traced.graph) and \
-                (optimizer is None or isinstance(optimizer, str)):
+        if PROFILE_CPU_ON_META and step_on_meta(device, traced.graph, optimizer):
             try:
                 return _profiled_step(traced, optimizer, device, torch.device("meta"))
             except Exception as exc:  # noqa: BLE001 - the FakeTensor step says what it is
