@@ -196,6 +196,36 @@ def test_lp_feasibility_proofs_are_kept_monotone(seed, monkeypatch):
         assert ilp.could_fit(budgets[fresh.index(True)] * 1.001)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 3, 4, 5, 6])
+def test_a_feasible_rungs_optimum_is_set_aside_while_smaller_rungs_are_probed(seed,
+                                                                           monkeypatch):
+    """Issue 15: the ladder's bisection proves a rung feasible, probes smaller
+    ones, then solves the lowest that fits: that rung's relaxation is not
+    solved again (its instance was set aside, solver state and all), so the
+    solve runs HiGHS as often, and finds the same, as right after the proof."""
+    table, budgets, fresh = _fresh_decisions(3000 + seed, (0.05, 0.2, 0.4, 0.6, 0.8, 0.95))
+    assert True in fresh and fresh.index(True) > 0
+    fits, under = budgets[fresh.index(True)], budgets[fresh.index(True) - 1]
+    runs = []
+    original = ShardingIlp._run
+    monkeypatch.setattr(ShardingIlp, "_run", lambda self, *a, **k: runs.append(1) or
+                        original(self, *a, **k))
+
+    def solved(ilp):
+        del runs[:]
+        try:
+            found = ilp.solve(fits)
+            return found.choice, found.objective_s, len(runs)
+        except InfeasibleBudgetError as err:
+            return str(err), len(runs)
+
+    straight = ShardingIlp(table, merge_followers=False, exact_columns=0)
+    assert straight.could_fit(fits)
+    probed = ShardingIlp(table, merge_followers=False, exact_columns=0)
+    assert probed.could_fit(fits) and not probed.could_fit(under)
+    assert solved(probed) == solved(straight)
+
+
 def _recorded_runs(monkeypatch) -> list:
     """Every HiGHS run of every ``ShardingIlp``: (iteration limit asked for,
     the time limit it was given past the run time before it, its simplex
@@ -369,20 +399,32 @@ class _StubHighs:
         return self.statuses[min(self.runs, len(self.statuses)) - 1]
 
 
-def test_an_undecided_lp_run_is_run_again_warm_then_from_scratch():
+def test_an_undecided_lp_run_is_run_again_from_scratch_unperturbed_then_as_before():
     """HiGHS's "Unknown" and "Not Set" (numerical trouble, a run that ended on
-    an error) are no answers: the run goes on from where it stopped, then from
-    scratch, within the same limits; limits and answers are returned as they are."""
+    an error) are no answers: the run starts again from scratch without the dual
+    simplex's cost perturbation (where a perturbed run stalled), then from
+    scratch as before, within the same limits; the perturbation is restored
+    for later runs; limits and answers are returned as they are."""
     import highspy
 
     status = highspy.HighsModelStatus
+    perturbation = "dual_simplex_cost_perturbation_multiplier"
     ilp = ShardingIlp(_random_table(random.Random(0), DeviceMesh((4,))), time_limit_s=60.0)
-    warm = _StubHighs([status.kUnknown, status.kInfeasible])
-    assert ilp._run(warm) == status.kInfeasible
-    assert (warm.runs, warm.cleared) == (2, [])
-    fresh = _StubHighs([status.kNotset, status.kUnknown, status.kOptimal])
+    seen = []
+
+    class Recording(_StubHighs):
+        def run(self):
+            seen.append(self.options.get(perturbation, 1.0))
+            super().run()
+
+    unperturbed = Recording([status.kUnknown, status.kInfeasible])
+    assert ilp._run(unperturbed) == status.kInfeasible
+    assert (unperturbed.runs, unperturbed.cleared, seen) == (2, [1], [1.0, 0.0])
+    assert unperturbed.options[perturbation] == 1.0
+    seen.clear()
+    fresh = Recording([status.kNotset, status.kUnknown, status.kOptimal])
     assert ilp._run(fresh) == status.kOptimal
-    assert (fresh.runs, fresh.cleared) == (3, [2])
+    assert (fresh.runs, fresh.cleared, seen) == (3, [1, 2], [1.0, 0.0, 1.0])
     for stop in (status.kTimeLimit, status.kIterationLimit, status.kOptimal):
         once = _StubHighs([stop, status.kOptimal])
         assert ilp._run(once, iterations=10) == stop and once.runs == 1
