@@ -150,3 +150,45 @@ def test_the_top_rung_alone_runs_no_least_budget_lp(monkeypatch):
     assert err.value.smallest_feasible_budget_bytes is None
     with pytest.raises(AssertionError, match="least-budget LP"):
         two_stage(leanest)  # the full ladder does fall back to both
+
+
+@pytest.mark.timeout(300)
+def test_a_budget_under_what_whole_parameters_hold_at_the_step_skips_the_family(
+        gpt, monkeypatch):
+    """What every whole-parameter plan holds at the optimizer step (state,
+    inputs, each parameter's gradient; no checkpoint frees any of it) is under
+    the family's simulated peak; a budget under it (with the model's slack)
+    is not searched with every parameter whole (GPT-2 small (2,2,2) at 0.3x:
+    0.5 s for no plan)."""
+    from automap.planner import search as searching
+    from automap.solve.ilp import ShardingIlp
+    from automap.solve.strategies import build_strategy_table
+
+    traced, profile = gpt
+    mesh = DeviceMesh((4,), alpha_s=1.5e-3, bandwidth_bytes_per_s=5e8, backend="gloo")
+    table = build_strategy_table(traced, profile, mesh, device=DEVICE)
+    family = restricted(table, parameters_whole)
+    floor = sum(float((n.state_bytes + n.input_bytes + n.grad_bytes).min())
+                for n in family.nodes.values() if len(n))
+    assert searching._least_held_at_the_step(family, {}) == pytest.approx(floor)
+    grads = sum(float(n.grad_bytes.min()) for n in family.nodes.values() if len(n))
+    assert grads > 0.2 * floor  # the gradients decide the budget below
+    whole = plan_traced(traced, profile, mesh, device=DEVICE, strategy_filter=parameters_whole)
+    assert whole.solver["simulated"] is True or whole.memory_timeline is None
+    assert floor <= whole.predicted_peak_memory_bytes
+    try:  # the family's least is over it too
+        lean = plan_traced(traced, profile, mesh, floor * 1.05, device=DEVICE,
+                           strategy_filter=parameters_whole).predicted_peak_memory_bytes
+    except InfeasibleBudgetError as err:
+        lean = err.smallest_feasible_budget_bytes
+    assert lean >= floor
+    searched = []
+    original = ShardingIlp.__init__
+    monkeypatch.setattr(ShardingIlp, "__init__", lambda self, table, **k: searched.append(
+        all(set(s) <= {"R"} for node in table.nodes.values() if node.kind == "parameter"
+            for outs in node.out_specs for s in outs)) or original(self, table, **k))
+    try:
+        plan_traced(traced, profile, mesh, floor * 0.9, device=DEVICE)
+    except InfeasibleBudgetError:
+        pass
+    assert searched and not any(searched)

@@ -673,11 +673,14 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     # parameters make the leaner plan).
     whole = restricted(table, parameters_whole) if SEARCH_WHOLE_PARAMETERS else None
     searched, whole_s = found, None
-    # The family's state alone is a lower bound of its plans' peaks: over the
-    # budget, none fits; where nothing fitted, at or over the least budget the
-    # first search names, none names a smaller one (GPT-2 small on (4,4,4) at
-    # 0.3x: 6.5 s of a 47 s error).
-    whole_floor = math.inf if whole is None else _state_bytes(whole, node_weight)
+    # What the family's plans hold at the optimizer step, which no checkpoint
+    # frees, bounds their peaks from below (with the model's slack: the
+    # simulated step decides): over the budget, none fits; where nothing
+    # fitted, at or over the least budget the first search names, none names a
+    # smaller one (GPT-2 small on (4,4,4) at 0.3x: 6.5 s of a 47 s error; on
+    # (2,2,2) at 0.3x, 0.5 s: whole parameters hold 2.0 GB there, the budget is 1.5).
+    whole_floor = math.inf if whole is None else \
+        _least_held_at_the_step(whole, node_weight) / (1 + MODEL_SLACK)
     named = [e.smallest_feasible_budget_bytes for e in failures]
     known = [float(b) for b in named if b is not None]
     least_named = min(known) if known and len(known) == len(named) else math.inf
@@ -753,11 +756,13 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     return found
 
 
-def _state_bytes(table: StrategyTable, node_weight: dict[str, float]) -> float:
-    """The least bytes the parameters, buffers and optimizer state of any plan
-    of ``table`` hold per device (a lower bound of its peak)."""
-    return sum(node_weight.get(name, 1.0) * float(node.state_bytes.min())
-               for name, node in table.nodes.items() if len(node))
+def _least_held_at_the_step(table: StrategyTable, node_weight: dict[str, float]) -> float:
+    """The least bytes any plan of ``table`` holds per device at the optimizer
+    step (the model's): parameters, buffers, optimizer state, inputs and every
+    parameter's gradient, each at its leanest strategy."""
+    return sum(node_weight.get(name, 1.0) * float(
+        (node.state_bytes + node.input_bytes + node.grad_bytes).min())
+        for name, node in table.nodes.items() if len(node))
 
 
 def _shards_parameters(plan: Plan) -> bool:
