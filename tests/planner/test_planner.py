@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -136,21 +137,22 @@ def test_follower_merging_costs_little_on_a_gpt2_block(small_batch_block):
     assert merged.solver["objective_s"] <= exact.solver["objective_s"] * 1.01
 
 
+class InPlace(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.c = torch.nn.Linear(16, 64), torch.nn.Linear(16, 64)
+        self.b = torch.nn.Linear(64, 16)
+
+    def forward(self, x):
+        h, g = self.a(x), self.c(x)
+        h.add_(g)
+        return self.b(h).pow(2).mean()
+
+
 def test_in_place_ops_read_their_mutated_input_as_produced():
     """h.add_(g): converting h first would be cheapest here (h arrives split by
     rows, g and the consumer want columns), but the generator cannot convert a
     tensor an op writes into; the plan converts g and the result instead."""
-
-    class InPlace(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.c = torch.nn.Linear(16, 64), torch.nn.Linear(16, 64)
-            self.b = torch.nn.Linear(64, 16)
-
-        def forward(self, x):
-            h, g = self.a(x), self.c(x)
-            h.add_(g)
-            return self.b(h).pow(2).mean()
 
     def forced(table, node):
         want = {"linear": ("S0R",), "linear_1": ("RS0",)}.get(node.name)
@@ -166,6 +168,29 @@ def test_in_place_ops_read_their_mutated_input_as_produced():
     add = next(n for n in p.nodes.values() if n.op == "add_")
     converted = {e.input_index for e in p.edges if e.consumer == add.name and e.steps}
     assert converted == {1}, p.explain()  # g is converted, h (input 0) is not
+
+
+@pytest.mark.parametrize("budget_share", [None, 0.8])
+def test_a_banned_conversion_is_held_at_zero_and_priced_nothing(budget_share):
+    """The in-place op's banned conversions are columns held at 0: their price
+    (``_FORBIDDEN_S``) is left out of the LP, whose costs otherwise ran from 1
+    to 1e9 (HiGHS: "badly scaled", on the test T5 on (2,))."""
+    from automap.solve import ilp as solving
+    from automap.solve.strategies import build_strategy_table
+    from automap.trace.profiling import profile_traced
+    from automap.trace.tracing import trace
+
+    torch.manual_seed(0)
+    traced = trace(InPlace(), (torch.randn(32, 16),), loss_fn=lambda loss: loss)
+    table = build_strategy_table(traced, profile_traced(traced, "adamw"), DeviceMesh((4,)))
+    ilp = solving.ShardingIlp(table)
+    fastest = ilp.solve(None)
+    budget = None if budget_share is None else budget_share * fastest.peak_memory_bytes
+    model = ilp._build(budget)
+    cost, upper = np.asarray(model.lp.col_cost_), np.asarray(model.lp.col_upper_)
+    assert (upper == 0).any()  # some conversion is banned
+    assert not cost[upper == 0].any()
+    assert cost.max() < solving._FORBIDDEN_S * 1e6 * 1e-3
 
 
 def test_a_cluster_json_plans_on_its_best_meshes(tmp_path, small_batch_block):

@@ -120,9 +120,13 @@ class _Builder:
         lp.num_col_ = self.ncol
         lp.num_row_ = len(self.rows_lo)
         cost = np.concatenate(self.cost) if cost_override is None else cost_override
-        lp.col_cost_ = cost
+        upper = np.concatenate(self.upper)
+        # A column held at 0 costs nothing: its price (a banned conversion's
+        # ``_FORBIDDEN_S``) only scaled the LP badly (the test T5 on (2,):
+        # costs from 1 to 1e9, which HiGHS warns about; the same optimum).
+        lp.col_cost_ = np.where(upper == 0.0, 0.0, cost)
         lp.col_lower_ = np.concatenate(self.lower)
-        lp.col_upper_ = np.concatenate(self.upper)
+        lp.col_upper_ = upper
         lp.row_lower_ = np.array(self.rows_lo)
         lp.row_upper_ = np.array(self.rows_hi)
         rows = np.concatenate(self.entry_row) if self.entry_row else np.zeros(0, int)
