@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import fx, nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from automap.errors import InvalidPlanError, PipelineError
 from automap.generate.build import GeneratedGraph, generate_graph
@@ -30,6 +29,7 @@ from automap.generate.state import cut as cut_shard
 from automap.sharding.collectives import DEFAULT_BUCKET_BYTES
 from automap.sharding.mesh import DeviceMesh
 from automap.sharding.process_groups import AxisGroup, MeshProcessGroups, SimulatedGroups
+from automap.trace.fake_mode import StorageFaithfulFakeMode
 
 
 class StagePlan:
@@ -206,7 +206,7 @@ def fake_values(out: GeneratedGraph, traced, plan, rank: int, device) -> dict[fx
     graph.output(None)
     values: dict[fx.Node, object] = {}
     back = {new: old for old, new in copies.items()}
-    with torch.random.fork_rng(devices=[]), FakeTensorMode(allow_non_fake_inputs=True):
+    with torch.random.fork_rng(devices=[]), StorageFaithfulFakeMode(allow_non_fake_inputs=True):
         root = nn.Module()
         for name, value in fake_shards(traced, plan, out.shards, rank, device).items():
             shard = out.shards[name]

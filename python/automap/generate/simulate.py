@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from automap.generate.grad_sync import DEFAULT_BUCKET_BYTES
 from automap.generate.program import assemble
@@ -28,6 +27,7 @@ from automap.sharding.collectives import buffer_tag
 from automap.sharding.process_groups import SimulatedGroups
 from automap.sharding.spec import ShardingSpec
 from automap.trace.cpu_on_meta import checkpoints_as_on_cpu, run_cpu_kernels, step_on_meta
+from automap.trace.fake_mode import StorageFaithfulFakeMode
 from automap.trace.profiling import (
     TrackStorage,
     create_optimizer_state,
@@ -225,7 +225,7 @@ def simulate_step(traced, plan, *, rank: int | None = None, optimizer="adamw",
                                                  optimizer_impl)
     on = torch.device("meta") if meta else device
     with contextlib.nullcontext() if on.type == "meta" else \
-            FakeTensorMode(allow_non_fake_inputs=True):
+            StorageFaithfulFakeMode(allow_non_fake_inputs=True):
         module = assemble(traced, plan, groups, rank, on, local_inputs, grad_bucket_bytes,
                           lambda shards: fake_shards(traced, plan, shards, rank, on))
         inputs = fake_inputs(traced, plan, rank, on, local_inputs)

@@ -37,7 +37,6 @@ import contextlib
 import torch
 import torch.utils.checkpoint
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from automap.generate.build import generate_graph
 from automap.generate.grad_sync import DEFAULT_BUCKET_BYTES, GradientSync
@@ -55,6 +54,7 @@ from automap.generate.simulate import (
     persistent_state,
 )
 from automap.sharding.process_groups import SimulatedGroups
+from automap.trace.fake_mode import StorageFaithfulFakeMode
 from automap.trace.profiling import (
     TrackStorage,
 )
@@ -97,7 +97,7 @@ def simulate_stage(traced, plan, stage: int, *, position: int = 0, optimizer="ad
                            if r == readers)
             tied.append((names, local, len({j % n for j in readers}) > 1))
     timeline = _Timeline()
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    with StorageFaithfulFakeMode(allow_non_fake_inputs=True):
         modules = {j: assemble_graph(parts[j], traced, stage_plan, groups, grad_bucket_bytes,
                                      lambda shards: fake_shards(traced, stage_plan, shards,
                                                                 rank, device))

@@ -51,7 +51,6 @@ from torch import fx, nn
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
-    FakeTensorMode,
 )
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -61,6 +60,7 @@ from automap.errors import AutomapError, TraceError
 from automap.progress import stage
 from automap.trace.causal_mask import CAUSAL_MASK, causal_call
 from automap.trace.cpu_on_meta import ATTENTION_OPS, cpu_attention, step_on_meta
+from automap.trace.fake_mode import StorageFaithfulFakeMode
 from automap.trace.kernel_scratch import measured_scratch
 from automap.trace.tracing import TracedGraph, default_loss, trace
 
@@ -382,7 +382,7 @@ def _profiled_step(traced: TracedGraph, optimizer: OptimizerArg, device: torch.d
     """The profile for ``device`` of one step run on tensors of ``on`` (meta
     for a CPU, else FakeTensors of ``device``)."""
     meta = on.type == "meta" and device.type != "meta"
-    with contextlib.nullcontext() if meta else FakeTensorMode(allow_non_fake_inputs=False):
+    with contextlib.nullcontext() if meta else StorageFaithfulFakeMode(allow_non_fake_inputs=False):
         state = _make_state(traced, on)
         opt, opt_name = make_optimizer(optimizer, state.trainable(), device)
         if opt is not None:
