@@ -99,7 +99,12 @@ def autoparallelize(
     what did not answer.
     """
     from automap.cluster.workspace import library_workspace_bytes
-    from automap.planner.checks import check_budget, check_optimizer, check_trainable
+    from automap.planner.checks import (
+        check_budget,
+        check_loss_fn,
+        check_optimizer,
+        check_trainable,
+    )
     from automap.planner.library_workspaces import within_library_workspaces
     from automap.planner.search import candidate_meshes, plan_best
     from automap.trace.profiling import profile_traced
@@ -113,6 +118,7 @@ def autoparallelize(
         budget = check_budget(memory_budget_bytes)
         check_optimizer(optimizer)
         check_trainable(model)
+        check_loss_fn(loss_fn)
         _check_plan_options(plan_options)
         if plan is not None and not isinstance(plan, Plan):
             raise InvalidArgumentError(f"plan must be None or an automap.Plan, got "

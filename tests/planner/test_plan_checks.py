@@ -134,6 +134,9 @@ def test_what_cannot_be_trained_is_a_typed_error(case, tmp_path):
         assert err.match(needle)
     with pytest.raises(InvalidArgumentError, match="nothing to train"):
         automap.plan(nn.ReLU(), (x,), mesh, loss_fn=_loss, flops_per_s=1e6)
+    # A loss that is no callable was torch.export's TypeError, worded as a trace failure.
+    with pytest.raises(InvalidArgumentError, match="loss_fn must be .* got int"):
+        automap.plan(model, (x,), mesh, loss_fn=3, flops_per_s=1e6)
     with pytest.raises(automap.InvalidMeshError, match="path to a cluster JSON"):
         automap.plan(model, (x,), "2x2", loss_fn=_loss, flops_per_s=1e6)
     binary = tmp_path / "plan.json"

@@ -71,6 +71,14 @@ def check_optimizer(value) -> str | None:
                                f"optimizer state), got {value!r}")
 
 
+def check_loss_fn(value) -> None:
+    """None (the default loss of the model's output) or a callable of the output."""
+    if value is not None and not callable(value):
+        raise InvalidArgumentError(f"loss_fn must be None (the model's output as the loss) or "
+                                   f"a callable mapping the model's output to the loss, got "
+                                   f"{type(value).__name__}")
+
+
 def check_trainable(model) -> None:
     """A model with at least one parameter that requires a gradient: a plan is of
     a training step (the simulated step and the profile run its backward)."""

@@ -35,6 +35,7 @@ from automap.planner.checks import (
     check_choice,
     check_costs,
     check_flops,
+    check_loss_fn,
     check_optimizer,
     check_pipeline,
     check_time_limit,
@@ -262,6 +263,7 @@ def plan(
     counts = check_pipeline(pipeline, microbatches, schedule, example_batch(example_inputs),
                             meshes[0])
     check_trainable(model)
+    check_loss_fn(loss_fn)
     t0 = time.perf_counter()
     # Plans cover the whole training step, so the graph ends in the loss.
     depth: contextlib.AbstractContextManager[list] = (
