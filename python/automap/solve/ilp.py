@@ -641,7 +641,7 @@ class ShardingIlp:
             try:
                 h.run()
             finally:
-                h.setOptionValue("dual_simplex_cost_perturbation_multiplier", 1.0)  # HiGHS's
+                h.setOptionValue("dual_simplex_cost_perturbation_multiplier", 1.0)  # its default
         return h.getModelStatus()
 
     @staticmethod
