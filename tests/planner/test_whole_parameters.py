@@ -14,6 +14,7 @@ import torch
 from automap import DeviceMesh, DeviceProfile, InfeasibleBudgetError
 from automap.cli.demo import TinyGPT2
 from automap.planner.search import plan_traced
+from automap.solve.memory import least_held_bytes
 from automap.solve.strategies import parameters_whole, restricted
 from automap.trace.profiling import profile_traced
 from automap.trace.tracing import trace
@@ -160,7 +161,6 @@ def test_a_budget_under_what_whole_parameters_hold_at_the_step_skips_the_family(
     the family's simulated peak; a budget under it (with the model's slack)
     is not searched with every parameter whole (GPT-2 small (2,2,2) at 0.3x:
     0.5 s for no plan)."""
-    from automap.planner import search as searching
     from automap.solve.ilp import ShardingIlp
     from automap.solve.strategies import build_strategy_table
 
@@ -170,7 +170,7 @@ def test_a_budget_under_what_whole_parameters_hold_at_the_step_skips_the_family(
     family = restricted(table, parameters_whole)
     floor = sum(float((n.state_bytes + n.input_bytes + n.grad_bytes).min())
                 for n in family.nodes.values() if len(n))
-    assert searching._least_held_at_the_step(family, {}) == pytest.approx(floor)
+    assert least_held_bytes(family, {}, gradients=True) == pytest.approx(floor)
     grads = sum(float(n.grad_bytes.min()) for n in family.nodes.values() if len(n))
     assert grads > 0.2 * floor  # the gradients decide the budget below
     whole = plan_traced(traced, profile, mesh, device=DEVICE, strategy_filter=parameters_whole)

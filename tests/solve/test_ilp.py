@@ -15,7 +15,7 @@ import pytest
 
 from automap import DeviceMesh, InfeasibleBudgetError, enumerate_specs, layout_path
 from automap.solve.ilp import ShardingIlp, solve_ilp
-from automap.solve.memory import estimate_memory, timeline
+from automap.solve.memory import estimate_memory, least_held_bytes, timeline
 from automap.solve.strategies import NodeOptions, StrategyTable
 from random_tables import random_node
 
@@ -362,8 +362,8 @@ def test_memory_rows_are_quantized_upper_bounds_whatever_the_first_budget(seed):
             ilp.solve(first) if first == 1.0 else (ilp.solve(first), ilp.solve(1.0))
         leasts.add(err.value.smallest_feasible_budget_bytes)
         model = ilp._budgeted
-        quantum = ilp_module.MEMORY_QUANTUM * max(1.0, ilp_module._state_floor(
-            table, ilp.index, ilp.node_weight)) / model.mem_unit
+        quantum = ilp_module.MEMORY_QUANTUM * max(1.0, least_held_bytes(
+            table, ilp.node_weight, ilp.index)) / model.mem_unit
         values = np.abs(np.asarray(model.lp.a_matrix_.value_))
         assert values[values > 0].min() >= min(1.0, quantum) * (1 - 1e-9)
     assert len(leasts) == 1

@@ -57,7 +57,12 @@ from automap.sharding.spec import ShardingSpec
 from automap.solve.blocks import detect_blocks
 from automap.solve.depth import instance_repeats, multiplicities, reduced_depth
 from automap.solve.ilp import EXACT_COLUMNS, ShardingIlp
-from automap.solve.memory import estimate_memory, optimizer_temp_bytes, timeline
+from automap.solve.memory import (
+    estimate_memory,
+    least_held_bytes,
+    optimizer_temp_bytes,
+    timeline,
+)
 from automap.solve.strategies import (
     NodeOptions,
     StrategyTable,
@@ -682,7 +687,7 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
     # smaller one (GPT-2 small on (4,4,4) at 0.3x: 6.5 s of a 47 s error; on
     # (2,2,2) at 0.3x, 0.5 s: whole parameters hold 2.0 GB there, the budget is 1.5).
     whole_floor = math.inf if whole is None else \
-        _least_held_at_the_step(whole, node_weight) / (1 + MODEL_SLACK)
+        least_held_bytes(whole, node_weight, gradients=True) / (1 + MODEL_SLACK)
     named = [e.smallest_feasible_budget_bytes for e in failures]
     known = [float(b) for b in named if b is not None]
     least_named = min(known) if known and len(known) == len(named) else math.inf
@@ -756,15 +761,6 @@ def plan_traced(traced, profile, mesh: DeviceMesh, memory_budget_bytes=None, *,
         "searched": None if searched is None else searched.predicted_step_s,
         "parameters whole": whole_s}
     return found
-
-
-def _least_held_at_the_step(table: StrategyTable, node_weight: dict[str, float]) -> float:
-    """The least bytes any plan of ``table`` holds per device at the optimizer
-    step (the model's): parameters, buffers, optimizer state, inputs and every
-    parameter's gradient, each at its leanest strategy."""
-    return sum(node_weight.get(name, 1.0) * float(
-        (node.state_bytes + node.input_bytes + node.grad_bytes).min())
-        for name, node in table.nodes.items() if len(node))
 
 
 def _shards_parameters(plan: Plan) -> bool:

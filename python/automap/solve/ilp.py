@@ -48,6 +48,7 @@ from automap.solve.flow_edges import (
 from automap.solve.memory import (
     edge_memory,
     estimate_memory,
+    least_held_bytes,
     loop_carry,
     optimizer_temporaries,
     timeline,
@@ -1127,7 +1128,7 @@ class ShardingIlp:
                 b.entries(rows, cols[root[node.tied_to]], -1.0)
 
         budget_col = None
-        floor = _state_floor(table, index, nw)
+        floor = least_held_bytes(table, nw, index)
         mem_unit = _memory_unit(floor, memory_budget_bytes)
         if memory is not None:
             budget_col = memory.build(b, members, root, index, cols, edge_cols, couplings, nw,
@@ -1162,12 +1163,6 @@ def _units(coef: np.ndarray, unit: float, quantum_bytes: float) -> np.ndarray:
     return np.ceil(np.asarray(coef, dtype=np.float64) / quantum_bytes) * quantum_bytes / unit
 
 
-def _state_floor(table: StrategyTable, index, nw) -> float:
-    """The least bytes the state and inputs of any plan hold per device."""
-    return sum(float(np.min((node.state_bytes + node.input_bytes)[index[v]]))
-               * nw.get(v, 1.0) for v, node in table.nodes.items() if len(index[v]))
-
-
 def _memory_unit(floor_bytes: float, budget: float | None) -> float:
     """The bytes one unit of the memory rows stands for: the first budget, so
     that the rows are O(1), but never less than the least bytes the state and
@@ -1175,7 +1170,7 @@ def _memory_unit(floor_bytes: float, budget: float | None) -> float:
     tiny budget (``_leanest`` asks for 1 byte to learn the least) otherwise
     put coefficients of 1e11 into the rows: HiGHS then called the least-budget
     LP unknown and its MIP infeasible, and no least budget was found (GPT-3
-    76B on 2x8). ``floor_bytes``: ``_state_floor``."""
+    76B on 2x8). ``floor_bytes``: ``memory.least_held_bytes``."""
     return max(float(budget or 0.0), floor_bytes, 1.0)
 
 

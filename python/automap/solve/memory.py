@@ -441,6 +441,26 @@ def waiting_gradient_bytes(node, strategy, shard_count) -> float:
                for info, spec in zip(node.outputs, node.out_specs[strategy]) if info.is_float)
 
 
+def least_held_bytes(table, weight: dict[str, float] | None = None, index=None,
+                     gradients: bool = False) -> float:
+    """The least bytes any plan of ``table`` holds per device all step: each
+    node's state and inputs at its leanest strategy (``index``: per node, the
+    strategies considered; default all); with ``gradients``, each parameter's
+    gradient too, which every plan holds at the optimizer step (no checkpoint
+    frees either)."""
+    weight = weight or {}
+    total = 0.0
+    for name, node in table.nodes.items():
+        held = node.state_bytes + node.input_bytes
+        if gradients:
+            held = held + node.grad_bytes
+        if index is not None:
+            held = held[index[name]]
+        if len(held):
+            total += float(np.min(held)) * weight.get(name, 1.0)
+    return total
+
+
 def estimate_memory(table, choice: dict[str, int], line: Timeline, optimizer="adamw",
                     weight: dict[str, float] | None = None) -> MemoryEstimate:
     """The memory of the module docstring for the strategies ``choice`` picks;
